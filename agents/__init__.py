@@ -1,0 +1,1 @@
+"""Agents: one folder per algorithm, each exposing a Builder."""

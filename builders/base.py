@@ -1,0 +1,103 @@
+"""The Builder protocol and the experiment-level configuration.
+
+A builder says *what an agent is* (networks, policy, learner, what inference records and
+how unrolls are batched); `builders.make_program` says how its pieces are wired into a
+program graph; `launch` says where that graph runs. A builder knows nothing of platforms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from envs.specs import EnvSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class ArraySpec:
+    shape: tuple[int, ...]
+    dtype: str
+
+    def zeros(self, batch: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(batch + self.shape, self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSpec:
+    """How unrolls flow from inference to the learner.
+
+    Attributes:
+      unroll_length: T; each unroll holds T + 1 steps (the last one is repeated as the first
+        of the next unroll, so every transition is learned from once).
+      batch_size: B, unrolls per learner step.
+      max_batches: bound of the queue in learner batches; when full, inference blocks,
+        which bounds policy lag instead of dropping data.
+    """
+
+    unroll_length: int
+    batch_size: int
+    max_batches: int
+
+
+# policy(params, key, obs[N, ...]) -> (actions[N, ...], extras: {name: [N, ...]})
+Policy = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+class Learner(Protocol):
+    def step(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, Any]: ...
+
+    @property
+    def params(self) -> Any: ...
+
+
+class Builder(Protocol):
+    """What every agent provides (see agents/impala/builder.py)."""
+
+    def queue_spec(self) -> QueueSpec: ...
+
+    def make_networks(self, spec: EnvSpec) -> Any: ...
+
+    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]: ...
+
+    def make_policy(self, networks: Any, evaluation: bool = False) -> Policy: ...
+
+    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array) -> Learner: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """Agent-independent settings of one run."""
+
+    # Acting.
+    num_actors: int = 2
+    envs_per_actor: int = 16
+    # Stopping: whichever comes first.
+    total_env_steps: int = 1_000_000
+    stop_at_return: float | None = None
+    return_window: int = 100  # Episodes in the "mean return" used for stopping and reports.
+    # Inference batching: wait at most this long for more workers to join a batch.
+    inference_timeout_ms: float = 2.0
+    seed: int = 0
+    log_every_s: float = 1.0
+
+    def __post_init__(self):
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"ExperimentConfig: {message}")
+
+        check(self.num_actors >= 1, f"num_actors must be >= 1, got {self.num_actors}")
+        check(self.envs_per_actor >= 1, f"envs_per_actor must be >= 1, got {self.envs_per_actor}")
+        check(self.total_env_steps >= 1, f"total_env_steps must be >= 1, got "
+              f"{self.total_env_steps}")
+        check(self.return_window >= 1, f"return_window must be >= 1, got {self.return_window}")
+        check(self.inference_timeout_ms >= 0, "inference_timeout_ms must be >= 0, got "
+              f"{self.inference_timeout_ms}")
+        check(self.log_every_s > 0, f"log_every_s must be > 0, got {self.log_every_s}")
+
+    @property
+    def num_envs(self) -> int:
+        return self.num_actors * self.envs_per_actor

@@ -1,0 +1,92 @@
+"""Environment factories for Gymnasium ids.
+
+A factory is a small frozen dataclass, so it pickles cheaply into any node and builds the
+envs where they run (an env worker process), never in the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import gymnasium as gym
+
+from envs.specs import EnvSpec, spec_from_spaces
+
+# Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium).
+_PLUGIN_MODULES = {"ALE/": "ale_py"}
+
+
+class UnknownEnvError(ValueError):
+    """The env id is not registered with Gymnasium (or its package is not installed)."""
+
+
+def _register_plugins(env_id: str) -> None:
+    for prefix, module in _PLUGIN_MODULES.items():
+        if env_id.startswith(prefix):
+            try:
+                gym.register_envs(__import__(module))
+            except ImportError as e:
+                raise UnknownEnvError(
+                    f"env {env_id!r} needs the {module!r} package: pip install -e '.[atari]'"
+                ) from e
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFactory:
+    """Builds Gymnasium envs for one id.
+
+    Attributes:
+      env_id: a registered Gymnasium id, e.g. "CartPole-v1", "ALE/Pong-v5", "HalfCheetah-v5".
+      kwargs: keyword arguments passed to gymnasium.make.
+    """
+
+    env_id: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def validate(self) -> None:
+        """Raises UnknownEnvError, naming close matches, when the id is not registered."""
+        _register_plugins(self.env_id)
+        if self.env_id in gym.registry:
+            return
+        close = difflib.get_close_matches(self.env_id, list(gym.registry), n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UnknownEnvError(
+            f"unknown env {self.env_id!r}: not a registered Gymnasium id.{hint} "
+            "(List them with: python -c 'import gymnasium; gymnasium.pprint_registry()')"
+        )
+
+    def make(self, seed: int | None = None) -> gym.Env:
+        """One env, reset with `seed` when given (for evaluation and spec queries)."""
+        self.validate()
+        env = gym.make(self.env_id, **dict(self.kwargs))
+        if seed is not None:
+            env.reset(seed=seed)
+        return env
+
+    def make_vector(self, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+        """`num_envs` envs as one Gymnasium vector env with next-step autoreset.
+
+        The env's own vectorised implementation is used when it has one (CartPole's numpy
+        version steps all envs in one call); otherwise a SyncVectorEnv. Either way, the
+        autoreset mode is NEXT_STEP, which EnvWorker relies on.
+        """
+        self.validate()
+        spec = gym.spec(self.env_id)
+        mode = "vector_entry_point" if spec.vector_entry_point and not self.kwargs else "sync"
+        envs = gym.make_vec(
+            self.env_id, num_envs=num_envs, vectorization_mode=mode, **dict(self.kwargs)
+        )
+        autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        if autoreset != gym.vector.AutoresetMode.NEXT_STEP:
+            raise RuntimeError(f"{self.env_id}: expected NEXT_STEP autoreset, got {autoreset}")
+        envs.reset(seed=seed)
+        return envs
+
+    def spec(self) -> EnvSpec:
+        env = self.make()
+        try:
+            return spec_from_spaces(env.observation_space, env.action_space)
+        finally:
+            env.close()

@@ -1,0 +1,70 @@
+"""Env specs: what learners and inference need to know about observations and actions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Shapes and dtypes of one (unbatched) environment.
+
+    Attributes:
+      observation_shape: shape of one observation, e.g. (4,) or (84, 84, 4).
+      observation_dtype: numpy dtype name of observations, e.g. "float32" or "uint8".
+      num_actions: number of discrete actions, or None for continuous actions.
+      action_shape: shape of one action: () for discrete, (d,) for continuous.
+      action_low / action_high: bounds of continuous actions (None for discrete).
+    """
+
+    observation_shape: tuple[int, ...]
+    observation_dtype: str
+    num_actions: int | None
+    action_shape: tuple[int, ...]
+    action_dtype: str
+    action_low: tuple[float, ...] | None = None
+    action_high: tuple[float, ...] | None = None
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions is not None
+
+    @property
+    def pixels(self) -> bool:
+        """Image-like observations (rank 3, e.g. [H, W, C]) get a conv torso."""
+        return len(self.observation_shape) == 3
+
+    def zeros_observation(self, batch: tuple[int, ...] = ()) -> np.ndarray:
+        return np.zeros(batch + self.observation_shape, self.observation_dtype)
+
+
+def spec_from_spaces(observation_space: gym.Space, action_space: gym.Space) -> EnvSpec:
+    """Builds an EnvSpec from the single-env Gymnasium spaces.
+
+    Raises:
+      TypeError: for spaces Trellis does not handle (only Box observations, Discrete or
+        Box actions).
+    """
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise TypeError(
+            f"Trellis needs Box observations, got {observation_space!r}; wrap the env "
+            "(e.g. gymnasium.wrappers.FlattenObservation) to get one."
+        )
+    obs_shape = tuple(int(d) for d in observation_space.shape)
+    obs_dtype = np.dtype(observation_space.dtype).name
+    if isinstance(action_space, gym.spaces.Discrete):
+        return EnvSpec(obs_shape, obs_dtype, int(action_space.n), (), "int32")
+    if isinstance(action_space, gym.spaces.Box):
+        return EnvSpec(
+            obs_shape,
+            obs_dtype,
+            None,
+            tuple(int(d) for d in action_space.shape),
+            "float32",
+            tuple(float(x) for x in np.ravel(action_space.low)),
+            tuple(float(x) for x in np.ravel(action_space.high)),
+        )
+    raise TypeError(f"Trellis handles Discrete or Box actions, got {action_space!r}.")
