@@ -83,6 +83,8 @@ class ExperimentConfig:
     inference_timeout_ms: float = 2.0
     seed: int = 0
     log_every_s: float = 1.0
+    # False: act and drain unrolls without learning (to measure acting throughput alone).
+    learn: bool = True
 
     def __post_init__(self):
         def check(ok: bool, message: str) -> None:

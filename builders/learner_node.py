@@ -132,7 +132,7 @@ class LearnerNode:
                     launch.request_stop(reason, info=self.stats())
                     return
                 batch = self._next_batch()
-                if batch is None:
+                if batch is None or not self._config.learn:
                     continue
                 metrics = self._learner.step(batch)
                 self._inference.set_params(self._learner.params)

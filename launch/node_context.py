@@ -38,6 +38,7 @@ class Status:
       reason: for "stop_request": the reason; for "error": the exception one-liner.
       info: for "stop_request": the caller's info dict.
       traceback: for "error": the formatted traceback.
+      peer_gone: for "error": the node lost a connection to a peer (expected while stopping).
     """
 
     kind: str
@@ -46,6 +47,7 @@ class Status:
     reason: str = ""
     info: dict[str, Any] | None = None
     traceback: str = ""
+    peer_gone: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +84,11 @@ def current() -> NodeContext | None:
     """Returns the context of the node running the caller, or None outside any node."""
     context = getattr(_thread_local, "context", None)
     return context if context is not None else _process_context
+
+
+def thread_context() -> NodeContext | None:
+    """Returns the context bound to the calling thread, if any (platform code only)."""
+    return getattr(_thread_local, "context", None)
 
 
 def bind_thread(context: NodeContext | None) -> None:

@@ -1,0 +1,115 @@
+"""Env steps/s of the acting pipeline, stage by stage, on local_mt and local_mp.
+
+  (a) env:        one env worker stepping its vector env alone, random actions, no RPC
+  (b) inference:  env workers + central inference, learning off (unrolls drained)
+  (c) impala:     the full IMPALA pipeline (inference + learner)
+
+Usage: python benchmarks/throughput.py [--env CartPole-v1] [--num_actors 2]
+       [--envs_per_actor 16] [--env_steps 200000]
+Prints a table, then one JSON object with every figure as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import launch
+from agents.impala import ImpalaBuilder, ImpalaConfig
+from builders import ExperimentConfig, make_program
+from envs import EnvFactory
+
+
+def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) -> float:
+    """Steps/s of one vector env with random actions (what one env worker can do at best)."""
+    envs = factory.make_vector(num_envs, seed=seed)
+    envs.action_space.seed(seed)
+    envs.reset(seed=seed)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        envs.step(envs.action_space.sample())
+        steps += num_envs
+    rate = steps / (time.perf_counter() - start)
+    envs.close()
+    return rate
+
+
+def pipeline(factory: EnvFactory, platform_name: str, args, learn: bool) -> dict:
+    """Runs the program to the step budget; steps/s measured by the learner node.
+
+    The rate counts from the learner node's start (after JAX import and program start-up,
+    including the policy's compilation), so it is the rate a long run settles to.
+    """
+    config = ExperimentConfig(
+        num_actors=args.num_actors,
+        envs_per_actor=args.envs_per_actor,
+        total_env_steps=args.env_steps,
+        seed=0,
+        learn=learn,
+    )
+    builder = ImpalaBuilder(ImpalaConfig())
+    program = make_program(builder, factory, config, name="throughput")
+    start = time.perf_counter()
+    result = launch.launch(program, platform=platform_name)
+    wall = time.perf_counter() - start
+    if result.stopped_by != "requested":
+        raise RuntimeError(f"{platform_name}: run ended by {result.stopped_by}: {result.reason}")
+    info = result.info
+    return {
+        "env_steps_per_s": info["env_steps"] / info["elapsed_s"],
+        "learner_steps_per_s": info["learner_steps"] / info["elapsed_s"],
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--num_actors", type=int, default=2)
+    p.add_argument("--envs_per_actor", type=int, default=16)
+    p.add_argument("--env_steps", type=int, default=300_000)
+    p.add_argument("--env_seconds", type=float, default=3.0)
+    p.add_argument("--platforms", default="local_mt,local_mp")
+    args = p.parse_args()
+
+    factory = EnvFactory(args.env)
+    results: dict = {
+        "env": args.env,
+        "num_actors": args.num_actors,
+        "envs_per_actor": args.envs_per_actor,
+        "machine": f"{platform.machine()}, {_cpu_count()} cores",
+        "env_only_steps_per_s": env_only(factory, args.envs_per_actor, args.env_seconds),
+    }
+    for name in args.platforms.split(","):
+        for stage, learn in (("inference", False), ("impala", True)):
+            print(f"running {stage} on {name} ...", flush=True)
+            results[f"{name}/{stage}"] = pipeline(factory, name, args, learn)
+
+    print()
+    print(f"{args.env}, {args.num_actors} env workers x {args.envs_per_actor} envs")
+    print(f"{'stage':<28}{'env steps/s':>14}{'learner steps/s':>18}")
+    print(f"{'(a) env alone, 1 worker':<28}{results['env_only_steps_per_s']:>14,.0f}{'-':>18}")
+    for name in args.platforms.split(","):
+        for stage, label in (("inference", "(b) + inference"), ("impala", "(c) full IMPALA")):
+            r = results[f"{name}/{stage}"]
+            row = f"{label}, {name}"
+            print(f"{row:<28}{r['env_steps_per_s']:>14,.0f}{r['learner_steps_per_s']:>18,.1f}")
+    print(json.dumps(_rounded(results)))
+
+
+def _rounded(value):
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return round(value, 1) if isinstance(value, float) else value
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+if __name__ == "__main__":
+    main()

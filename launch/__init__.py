@@ -1,0 +1,37 @@
+"""Trellis launch: a Launchpad-style program graph on threads or processes.
+
+Platforms: `local_mt` (one thread per node) and `local_mp` (one process per node).
+
+    program = launch.Program("impala")
+    with program.group("learner"):
+        learner = program.add_node(launch.CourierNode(Learner, config))
+    with program.group("actor"):
+        for i in range(4):
+            program.add_node(launch.CourierNode(Actor, learner, i))
+    result = launch.launch(program, platform="local_mp")
+
+This package never imports JAX, and importing it has no side effects.
+"""
+
+from launch.launcher import PLATFORMS, LaunchResult, RunningProgram, launch
+from launch.node_context import node_label, request_stop, stop_event, stop_requested
+from launch.program import CourierNode, Handle, Node, Program, PyNode
+from launch.rpc import Client, RemoteError
+
+__all__ = [
+    "PLATFORMS",
+    "Client",
+    "CourierNode",
+    "Handle",
+    "LaunchResult",
+    "Node",
+    "Program",
+    "PyNode",
+    "RemoteError",
+    "RunningProgram",
+    "launch",
+    "node_label",
+    "request_stop",
+    "stop_event",
+    "stop_requested",
+]

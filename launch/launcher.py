@@ -1,0 +1,277 @@
+"""`launch()`: runs a program on a platform and decides how it ended.
+
+The platform-independent part lives here: a monitor thread reads the nodes' `Status` messages,
+decides the `LaunchResult` from the first decisive event (an error, a stop request, every run loop
+finished, a signal or `stop()`), then has the platform stop every node. Platforms (`local_mt`,
+`local_mp`) only start nodes, deliver their messages and stop them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from launch.node_context import Status
+from launch.program import Program
+
+# Platform name -> module defining `Backend(program)`; imported only when used.
+PLATFORMS = {"local_mt": "launch.local_mt", "local_mp": "launch.local_mp"}
+
+_EXIT_CODES = {"requested": 0, "completed": 0, "error": 1, "signal": 130}
+_POLL_S = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    """How a launched program ended.
+
+    Attributes:
+      stopped_by: "requested" (a node called `request_stop`), "completed" (every run loop and
+        PyNode returned), "error" (a node raised or its process died), or "signal" (SIGINT,
+        SIGTERM or `RunningProgram.stop()`).
+      reason: the stop request's reason, "<node label>: <exception one-liner>", or the signal
+        name ("SIGINT", "SIGTERM", "stop() called").
+      info: the stop request's info dict, else {}.
+      error_node: label of the node that failed, for "error".
+      error_traceback: that node's traceback, for "error" (None when its process died silently).
+    """
+
+    stopped_by: str
+    reason: str
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error_node: str | None = None
+    error_traceback: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """Process exit code for a command line: 0 requested/completed, 1 error, 130 signal."""
+        return _EXIT_CODES[self.stopped_by]
+
+
+class Backend(Protocol):
+    """What a platform provides. Only the monitor thread calls `poll` and `shutdown`."""
+
+    def start(self) -> None:
+        """Gives nodes their addresses and starts them; raises if a node cannot be started."""
+
+    def poll(self, timeout_s: float) -> list[Status]:
+        """Waits up to `timeout_s` for node messages (a process that died silently is one)."""
+
+    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
+        """Sets the stop event, waits up to `timeout_s` for nodes to end, then forces them."""
+
+
+class RunningProgram:
+    """A launched program. Use `wait()`, `stop()`, or `with launch.launch(..., block=False):`."""
+
+    def __init__(self, program: Program, backend: Backend, stop_timeout_s: float):
+        self.program = program
+        self._backend = backend
+        self._stop_timeout_s = stop_timeout_s
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._result: LaunchResult | None = None
+        # Set by signal handlers: a plain attribute store, safe whatever the main thread holds.
+        self._signal_name: str | None = None
+        self._not_ready = {node.label for node in program.nodes}
+        self._running: set[str] = set()
+        self._has_run_loops = False
+        self._monitor = threading.Thread(
+            target=self._monitor_loop, name=f"launch-monitor:{program.name}", daemon=True
+        )
+
+    def wait(self, timeout: float | None = None) -> LaunchResult | None:
+        """Waits until the program has stopped and every node is gone.
+
+        Called in the main thread, SIGINT and SIGTERM stop the program meanwhile.
+
+        Args:
+          timeout: seconds to wait; None waits until the program stops.
+
+        Returns:
+          The result, or None if the program is still running after `timeout`.
+        """
+        with _stop_on_signals(self):
+            # Short waits keep the main thread responsive to signals on every Python.
+            remaining = timeout
+            while not self._done.wait(_POLL_S if remaining is None else min(_POLL_S, remaining)):
+                if remaining is not None:
+                    remaining -= _POLL_S
+                    if remaining <= 0:
+                        return None
+        return self._result
+
+    def stop(self) -> LaunchResult:
+        """Stops every node (if still running) and returns the result."""
+        self._decide(LaunchResult("signal", "stop() called"))
+        result = self.wait()
+        assert result is not None
+        return result
+
+    def is_running(self) -> bool:
+        """True until every node has been stopped."""
+        return not self._done.is_set()
+
+    @property
+    def result(self) -> LaunchResult | None:
+        """The result once the program has stopped, else None."""
+        return self._result if self._done.is_set() else None
+
+    def __enter__(self) -> RunningProgram:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        try:
+            self._backend.start()
+        except BaseException:
+            self._backend.shutdown(self._stop_timeout_s, lambda status: None)
+            self._done.set()
+            raise
+        self._monitor.start()
+
+    def _monitor_loop(self) -> None:
+        try:
+            while self._result is None:
+                statuses = self._backend.poll(_POLL_S)
+                if self._signal_name is not None:
+                    self._decide(LaunchResult("signal", self._signal_name))
+                for status in statuses:
+                    self._on_status(status)
+        except BaseException:
+            # A launcher bug must still stop the nodes; report it like a node error.
+            self._decide(
+                LaunchResult("error", "launcher monitor failed", {}, "<launcher>",
+                             traceback.format_exc())
+            )
+            print(f"[launch] the launcher monitor failed:\n{traceback.format_exc()}",
+                  file=sys.stderr, flush=True)
+        finally:
+            try:
+                self._backend.shutdown(self._stop_timeout_s, self._on_status)
+            finally:
+                self._done.set()
+
+    def _decide(self, result: LaunchResult) -> bool:
+        """Records `result` if none was decided yet; returns whether it was recorded."""
+        with self._lock:
+            if self._result is not None:
+                return False
+            self._result = result
+            return True
+
+    def _on_status(self, status: Status) -> None:
+        label = status.label
+        if status.kind == "ready":
+            self._not_ready.discard(label)
+            if status.runs:
+                self._running.add(label)
+                self._has_run_loops = True
+        elif status.kind == "finished":
+            self._running.discard(label)
+        elif status.kind == "stop_request":
+            self._decide(LaunchResult("requested", status.reason, dict(status.info or {})))
+        elif status.kind == "error":
+            self._on_error(status)
+        # Completed once every node has started and every run loop has returned (checked on
+        # "ready" too: a PyNode may finish before a slow service node reports).
+        if self._has_run_loops and not self._running and not self._not_ready:
+            self._decide(LaunchResult("completed", "every run loop finished"))
+
+    def _on_error(self, status: Status) -> None:
+        result = LaunchResult(
+            "error",
+            f"{status.label}: {status.reason}",
+            {},
+            status.label,
+            status.traceback or None,
+        )
+        if self._decide(result):
+            details = status.traceback.rstrip() or status.reason
+            print(
+                f"[launch] node '{status.label}' failed; stopping program "
+                f"'{self.program.name}':\n{details}",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif not status.peer_gone:
+            # Losing a peer is expected while stopping; anything else may be a second bug.
+            print(
+                f"[launch] node '{status.label}' also failed while stopping: {status.reason}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+@contextlib.contextmanager
+def _stop_on_signals(running: RunningProgram) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM stop `running` (main thread only; else a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        if running._signal_name is None:
+            print(f"[launch] {name}: stopping program '{running.program.name}'",
+                  file=sys.stderr, flush=True)
+        running._signal_name = name
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def launch(
+    program: Program,
+    platform: str = "local_mp",
+    *,
+    block: bool = True,
+    stop_timeout_s: float = 10.0,
+) -> LaunchResult | RunningProgram:
+    """Launches `program` on `platform`.
+
+    Args:
+      program: the program graph.
+      platform: "local_mp" (one process per node) or "local_mt" (one thread per node).
+      block: wait until the program stops and return its `LaunchResult`; if False, return a
+        `RunningProgram` at once.
+      stop_timeout_s: when stopping, how long nodes get to return after the stop event is set
+        before they are terminated (processes; threads cannot be killed and are left behind).
+
+    Returns:
+      The `LaunchResult` if `block`, else the `RunningProgram`.
+
+    Raises:
+      ValueError: for an unknown platform or an empty program.
+      TypeError: if a node's arguments cannot be pickled.
+    """
+    if platform not in PLATFORMS:
+        raise ValueError(
+            f"unknown platform {platform!r}; valid platforms: {', '.join(sorted(PLATFORMS))}"
+        )
+    if not program.nodes:
+        raise ValueError(f"program '{program.name}' has no nodes: add_node() before launching")
+    backend = importlib.import_module(PLATFORMS[platform]).Backend(program)
+    running = RunningProgram(program, backend, stop_timeout_s)
+    if not block:
+        running._start()
+        return running
+    # Handlers go in before the nodes start, so an early Ctrl-C still stops them all.
+    with _stop_on_signals(running):
+        running._start()
+        result = running.wait()
+    assert result is not None
+    return result

@@ -1,0 +1,243 @@
+"""The `local_mp` platform: every node is an OS process, started with `spawn` (never fork: JAX).
+
+Launcher side: each service node gets a port on 127.0.0.1 (free a moment ago) and every node the
+program's random secret, its pickled arguments, the write end of a status pipe and the shared stop
+event. The launcher waits on all status pipes and process sentinels at once, so a message or a
+death is noticed at once. A process that dies without reporting is an error of its node.
+
+Child side (`child_main`): ignore SIGINT (Ctrl-C reaches the whole process group; the launcher
+coordinates the stop), exit if the launcher disappears, serve, run, report.
+
+A per-node restart policy would hook into `Backend.poll`, where a silent death is detected, and
+start a new process for the same node from its kept payload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from launch import node_context, rpc
+from launch import program as program_lib
+from launch.node_context import NodeContext, Status
+
+_HOST = "127.0.0.1"
+_SECRET_BYTES = 32
+_TERMINATE_WAIT_S = 1.0
+_WATCHDOG_PERIOD_S = 0.25
+
+
+@dataclasses.dataclass
+class _Child:
+    label: str
+    process: Any  # multiprocessing.context.SpawnProcess
+    reader: multiprocessing.connection.Connection | None
+    exit_ok_after_finish: bool  # a PyNode's process ends with its function
+    ended: bool = False  # may exit now: reported an error, or a PyNode reported "finished"
+    exited: bool = False  # exit noticed
+
+
+class Backend:
+    """Runs each node of `program` in its own spawned process."""
+
+    def __init__(self, program: program_lib.Program):
+        self._program = program
+        self._context = multiprocessing.get_context("spawn")
+        self._children: list[_Child] = []
+        self._stop_event: Any = None
+        self._stopping = False
+
+    def start(self) -> None:
+        nodes = self._program.nodes
+        secret = os.urandom(_SECRET_BYTES)
+        for node in nodes:
+            node.address = (
+                rpc.TcpAddress(_HOST, rpc.free_port(_HOST), secret) if node.serves_rpcs else None
+            )
+        # Pickle every node before starting any: a bad argument fails the launch, not a node.
+        payloads = [program_lib.pickle_node(node) for node in nodes]
+        self._stop_event = self._context.Event()
+        with _sigint_blocked():
+            for node, payload in zip(nodes, payloads, strict=True):
+                reader, writer = self._context.Pipe(duplex=False)
+                process = self._context.Process(
+                    target=child_main,
+                    args=(node.label, node.address, payload, writer, self._stop_event, os.getpid()),
+                    name=f"trellis:{node.label}",
+                )
+                process.start()
+                # Drop our copy of the write end so that the child's exit reads as EOF here.
+                writer.close()
+                self._children.append(
+                    _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
+                )
+
+    def poll(self, timeout_s: float) -> list[Status]:
+        waitables: list[Any] = [c.reader for c in self._children if c.reader is not None]
+        waitables += [c.process.sentinel for c in self._children if not c.exited]
+        if not waitables:
+            time.sleep(timeout_s)
+            return []
+        ready = set(multiprocessing.connection.wait(waitables, timeout_s))
+        statuses: list[Status] = []
+        for child in self._children:
+            if child.reader is not None and child.reader in ready:
+                statuses += self._drain(child)
+        for child in self._children:
+            if not child.exited and child.process.sentinel in ready:
+                child.exited = True
+                # Whatever it sent before dying is already in the pipe: read it first.
+                statuses += self._drain(child)
+                child.process.join()
+                if not self._stopping and not child.ended:
+                    statuses.append(self._death_status(child))
+        return statuses
+
+    def _drain(self, child: _Child) -> list[Status]:
+        statuses = []
+        while child.reader is not None and child.reader.poll():
+            try:
+                status = child.reader.recv()
+            except (EOFError, OSError):
+                child.reader.close()
+                child.reader = None
+                break
+            if status.kind == "error" or (status.kind == "finished" and child.exit_ok_after_finish):
+                child.ended = True
+            statuses.append(status)
+        return statuses
+
+    @staticmethod
+    def _death_status(child: _Child) -> Status:
+        code = child.process.exitcode
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how += f" ({signal.Signals(-code).name})"
+        return Status(
+            "error",
+            child.label,
+            reason=f"process {child.process.pid} exited unexpectedly with {how}",
+        )
+
+    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
+        self._stopping = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+        deadline = time.monotonic() + timeout_s
+        while any(not c.exited for c in self._children):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for status in self.poll(min(remaining, 0.1)):
+                on_status(status)
+        stuck = [c for c in self._children if c.process.is_alive()]
+        if stuck:
+            print(
+                f"[launch] terminating node(s) that did not stop within {timeout_s:g} s: "
+                f"{', '.join(c.label for c in stuck)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        for child in stuck:
+            child.process.terminate()
+        deadline = time.monotonic() + _TERMINATE_WAIT_S
+        for child in stuck:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+        for child in self._children:
+            if child.process.is_alive():
+                child.process.kill()
+            child.process.join()
+            if child.reader is not None:
+                child.reader.close()
+                child.reader = None
+            child.process.close()
+
+
+def child_main(
+    label: str,
+    address: rpc.TcpAddress | None,
+    payload: bytes,
+    writer: multiprocessing.connection.Connection,
+    stop_event: Any,
+    launcher_pid: int,
+) -> None:
+    """Entry point of a node process (runs under `spawn`).
+
+    Args:
+      label: the node's label.
+      address: where to serve RPCs (service nodes), else None.
+      payload: the pickled node (see `program.pickle_node`).
+      writer: write end of the status pipe to the launcher.
+      stop_event: the program's shared stop event.
+      launcher_pid: the launcher's pid; the node exits when its parent changes.
+    """
+    # Set before unpickling: the node's imports may look at it (e.g. to pick log files).
+    os.environ["TRELLIS_NODE_LABEL"] = label
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    threading.Thread(
+        target=_exit_when_orphaned, args=(label, launcher_pid), name="orphan-watchdog", daemon=True
+    ).start()
+
+    lock = threading.Lock()
+
+    def report(status: Status) -> None:
+        with lock:  # any thread of the node may report
+            try:
+                writer.send(status)
+            except OSError:
+                pass  # the launcher is gone; the watchdog ends this process
+
+    context = NodeContext(label, stop_event, report)
+    node_context.bind_process(context)
+    node_context.bind_thread(context)
+    servers: list[rpc.TcpServer] = []
+
+    def serve(instance) -> None:
+        servers.append(rpc.TcpServer(instance, label, address))
+
+    ok = program_lib.execute(payload, context, serve)
+    for server in servers:
+        server.close()
+    writer.close()
+    sys.exit(0 if ok else 1)
+
+
+def _exit_when_orphaned(label: str, launcher_pid: int) -> None:
+    # Polling getppid() needs no platform support and notices a SIGKILLed launcher within
+    # a fraction of a second. (PR_SET_PDEATHSIG is not used: it fires when the *thread* that
+    # started the child exits, which would kill nodes launched from a short-lived thread.)
+    while True:
+        if os.getppid() != launcher_pid:
+            print(f"[launch] node '{label}': the launcher is gone; exiting", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+        time.sleep(_WATCHDOG_PERIOD_S)
+
+
+class _sigint_blocked:
+    """Blocks SIGINT in the calling thread while children are spawned.
+
+    A blocked signal mask survives fork and exec, so a Ctrl-C that arrives while a child is still
+    importing (before `child_main` can ignore SIGINT) stays pending and is then discarded, rather
+    than killing the child with a KeyboardInterrupt. In the launcher the signal is delivered once
+    unblocked (or to another thread meanwhile), so it is never lost.
+    """
+
+    def __enter__(self) -> None:
+        self._blocked = hasattr(signal, "pthread_sigmask")
+        if self._blocked:
+            self._previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def __exit__(self, *exc_info) -> None:
+        if self._blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)

@@ -1,0 +1,316 @@
+"""The program graph: `Program`, its nodes (`CourierNode`, `PyNode`) and `Handle`s.
+
+A program is a list of nodes in labelled groups. Adding a node returns a `Handle`; handles passed
+(nested in lists, tuples or dicts) as arguments of other nodes are replaced by clients when those
+nodes start. Nothing here knows about platforms: a platform gives each node an address, then runs
+`Node.run_node` in a thread or a process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pickle
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+
+from launch import rpc
+from launch.node_context import NodeContext, Status
+
+
+class Handle:
+    """A reference to a service node, usable before the program is launched.
+
+    Handles are picklable; they carry the node's label and, once launched, its address.
+    """
+
+    def __init__(self, node: Node | None, label: str = "", address: rpc.Address | None = None):
+        self._node = node
+        self._label = label
+        self._address = address
+
+    @property
+    def label(self) -> str:
+        """The node's label ("learner", "actor/3"); final once the program is launched."""
+        return self._node.label if self._node is not None else self._label
+
+    @property
+    def address(self) -> rpc.Address | None:
+        """Where the node serves; None before launch."""
+        return self._node.address if self._node is not None else self._address
+
+    def dereference(self, timeout_s: float = 60.0) -> rpc.Client:
+        """Returns a client of the node (connects lazily, retrying for up to `timeout_s`).
+
+        Raises:
+          RuntimeError: if the node's program has not been launched, or the node serves no RPCs.
+        """
+        address = self.address
+        if address is None:
+            raise RuntimeError(
+                f"handle of node '{self.label}' has no address: launch the program first, or "
+                f"add a CourierNode (PyNodes serve no RPCs)"
+            )
+        return rpc.connect(self.label, address, timeout_s)
+
+    def __reduce__(self):
+        # Pickle the resolved label and address, never the node (it holds the arguments).
+        return (Handle, (None, self.label, self.address))
+
+    def __repr__(self) -> str:
+        return f"<Handle of node '{self.label}'>"
+
+
+class Node:
+    """Base class of program nodes. Platforms call `run_node` in the node's main thread."""
+
+    #: Whether the node serves RPCs (and so needs an address).
+    serves_rpcs = False
+
+    def __init__(self, target: Callable[..., Any], args: tuple, kwargs: dict):
+        if not callable(target):
+            raise TypeError(f"{type(self).__name__} needs a callable, got {target!r}")
+        self._target = target
+        self._args = args
+        self._kwargs = kwargs
+        self._handle: Handle | None = None
+        self.label = getattr(target, "__name__", type(target).__name__).lower()
+        self.address: rpc.Address | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The handle points back at this node; drop it so only the arguments travel.
+        state = dict(self.__dict__)
+        state["_handle"] = None
+        return state
+
+    def run_node(self, context: NodeContext, serve: Callable[[Any], None]) -> None:
+        """Runs the node to completion in the calling thread.
+
+        Args:
+          context: the node's context; also bound to this thread by the platform.
+          serve: makes an instance's public methods reachable at `self.address`.
+
+        Raises:
+          Exception: whatever the node's code raised; the platform reports it.
+        """
+        raise NotImplementedError
+
+
+class CourierNode(Node):
+    """A service node: constructs `cls(*args, **kwargs)` and serves its public methods as RPCs.
+
+    If the instance has a `run()` method it is called in the node's main thread once the RPC
+    server is up; the node keeps serving after `run()` returns, until the program stops.
+    """
+
+    serves_rpcs = True
+
+    def __init__(self, cls: Callable[..., Any], *args, **kwargs):
+        super().__init__(cls, args, kwargs)
+        self._run_enabled = True
+
+    def disable_run(self) -> None:
+        """Makes the node serve without calling `run()` (so tests can drive it by RPCs)."""
+        self._run_enabled = False
+
+    def run_node(self, context: NodeContext, serve: Callable[[Any], None]) -> None:
+        instance = self._target(*dereference(self._args), **dereference(self._kwargs))
+        serve(instance)
+        run = getattr(instance, "run", None) if self._run_enabled else None
+        runs = callable(run)
+        context.report(Status("ready", self.label, runs=runs))
+        if runs:
+            run()
+            context.report(Status("finished", self.label))
+        context.stop_event.wait()
+
+
+class PyNode(Node):
+    """A function node: calls `fn(*args, **kwargs)`; the node is done when `fn` returns."""
+
+    def __init__(self, fn: Callable[..., Any], *args, **kwargs):
+        super().__init__(fn, args, kwargs)
+
+    def run_node(self, context: NodeContext, serve: Callable[[Any], None]) -> None:
+        args, kwargs = dereference(self._args), dereference(self._kwargs)
+        context.report(Status("ready", self.label, runs=True))
+        self._target(*args, **kwargs)
+        context.report(Status("finished", self.label))
+
+
+def pickle_node(node: Node) -> bytes:
+    """Serialises `node` with its arguments (cloudpickle: lambdas and local classes travel too).
+
+    Raises:
+      TypeError: naming the node, if its arguments cannot be pickled.
+    """
+    try:
+        return cloudpickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"the arguments of node '{node.label}' cannot be pickled ({exc!r}); node arguments "
+            f"must survive cloudpickle on every platform (pass configs and handles, not live "
+            f"objects such as locks, sockets or open files)"
+        ) from exc
+
+
+def execute(payload: bytes, context: NodeContext, serve: Callable[[Any], None]) -> bool:
+    """Unpickles a node and runs it in the calling thread, reporting any exception.
+
+    Args:
+      payload: the node, from `pickle_node`.
+      context: the node's context.
+      serve: see `Node.run_node`.
+
+    Returns:
+      True if the node ran to completion, False if it raised (the error was reported).
+    """
+    try:
+        node = pickle.loads(payload)
+        node.run_node(context, serve)
+        return True
+    except BaseException as exc:  # SystemExit/KeyboardInterrupt in a node are failures too
+        context.report(
+            Status(
+                "error",
+                context.label,
+                reason=one_line(exc),
+                traceback=traceback.format_exc(),
+                peer_gone=isinstance(exc, ConnectionError | EOFError),
+            )
+        )
+        return False
+
+
+def one_line(exc: BaseException) -> str:
+    """Returns "Type: first line of the message"."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def dereference(value: Any) -> Any:
+    """Replaces every `Handle` inside nested lists, tuples (named too) and dicts by a client."""
+    if isinstance(value, Handle):
+        return value.dereference()
+    if isinstance(value, list):
+        return [dereference(v) for v in value]
+    if isinstance(value, tuple):
+        items = [dereference(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return type(value)((k, dereference(v)) for k, v in value.items())
+    return value
+
+
+@dataclasses.dataclass
+class _Group:
+    label: str
+    nodes: list[Node] = dataclasses.field(default_factory=list)
+
+
+class Program:
+    """A graph of nodes in labelled groups.
+
+    Example:
+      program = launch.Program("impala")
+      with program.group("learner"):
+          learner = program.add_node(launch.CourierNode(Learner, config))
+      with program.group("actor"):
+          for i in range(4):
+              program.add_node(launch.CourierNode(Actor, learner, i))
+      launch.launch(program, platform="local_mp")
+
+    A node's label is its group's label when the group holds one node, else "group/index".
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._groups: dict[str, _Group] = {}
+        self._current_group: str | None = None
+
+    @contextlib.contextmanager
+    def group(self, label: str) -> Iterator[None]:
+        """Nodes added inside this block belong to group `label`."""
+        _check_label(label)
+        if self._current_group is not None:
+            raise ValueError(
+                f"groups do not nest: group('{label}') opened inside group('{self._current_group}')"
+            )
+        self._current_group = label
+        try:
+            yield
+        finally:
+            self._current_group = None
+
+    def add_node(self, node: Node, label: str | None = None) -> Handle:
+        """Adds `node` to the current group (or to group `label`) and returns its handle.
+
+        Args:
+          node: a `CourierNode` or `PyNode`, not yet part of a program.
+          label: the group label, as an alternative to `with program.group(label):`; without
+            either, the node's callable name is used.
+
+        Returns:
+          The node's handle; pass it to other nodes to give them a client.
+
+        Raises:
+          ValueError: if the node was already added, or `label` conflicts with the open group.
+        """
+        if not isinstance(node, Node):
+            raise TypeError(f"add_node() takes a CourierNode or PyNode, got {node!r}")
+        if node._handle is not None:
+            raise ValueError(f"node '{node.label}' was already added to a program")
+        if label is not None and self._current_group is not None and label != self._current_group:
+            raise ValueError(
+                f"add_node(label='{label}') inside group('{self._current_group}'): give one label"
+            )
+        group_label = label or self._current_group or node.label
+        _check_label(group_label)
+        group = self._groups.setdefault(group_label, _Group(group_label))
+        group.nodes.append(node)
+        node._handle = Handle(node)
+        self._relabel(group)
+        return node._handle
+
+    @property
+    def nodes(self) -> list[Node]:
+        """All nodes, in the order they were added per group."""
+        return [node for group in self._groups.values() for node in group.nodes]
+
+    @property
+    def groups(self) -> dict[str, list[Node]]:
+        """Group label -> the group's nodes."""
+        return {label: list(group.nodes) for label, group in self._groups.items()}
+
+    def handles(self, group: str) -> list[Handle]:
+        """Returns the handles of the nodes of `group`, in the order they were added.
+
+        Raises:
+          KeyError: if there is no such group; the message lists the groups.
+        """
+        if group not in self._groups:
+            raise KeyError(
+                f"program '{self.name}' has no group {group!r}; its groups are: "
+                f"{', '.join(self._groups) or '(none)'}"
+            )
+        return [node._handle for node in self._groups[group].nodes]
+
+    @staticmethod
+    def _relabel(group: _Group) -> None:
+        if len(group.nodes) == 1:
+            group.nodes[0].label = group.label
+        else:
+            for index, node in enumerate(group.nodes):
+                node.label = f"{group.label}/{index}"
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{label}: {len(g.nodes)}" for label, g in self._groups.items())
+        return f"<Program '{self.name}' ({sizes})>"
+
+
+def _check_label(label: str) -> None:
+    if not isinstance(label, str) or not label or "/" in label:
+        raise ValueError(f"a group label must be a non-empty string without '/', got {label!r}")

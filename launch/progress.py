@@ -1,0 +1,85 @@
+"""Progress display for runs: a live rich progress bar on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+
+def _fmt_return(stats: dict[str, Any]) -> str:
+    mean = stats.get("mean_return")
+    if mean is None:
+        return "-"
+    return f"{mean:.1f} (last {stats.get('returns_in_window', 0)})"
+
+
+def describe(stats: dict[str, Any], total_env_steps: int) -> str:
+    """One line: env steps / budget, env steps/s, mean episode return, episodes."""
+    steps = stats.get("env_steps", 0)
+    return (
+        f"env steps {steps:>10,d}/{total_env_steps:,d} | "
+        f"{stats.get('env_steps_per_s', 0.0):>8,.0f} steps/s | "
+        f"return {_fmt_return(stats)} | episodes {stats.get('episodes', 0):,d} | "
+        f"learner steps {stats.get('learner_steps', 0):,d}"
+    )
+
+
+class Progress:
+    """Shows stats as they arrive: a rich status line on a TTY, plain lines elsewhere.
+
+    Args:
+      total_env_steps: the budget, shown as the denominator.
+      quiet: show nothing.
+      stream: where to write (default stdout).
+      plain_every_s: interval between plain lines when not on a TTY.
+    """
+
+    def __init__(
+        self,
+        total_env_steps: int,
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        plain_every_s: float = 5.0,
+    ):
+        self._total = total_env_steps
+        self._quiet = quiet
+        self._stream = stream or sys.stdout
+        self._plain_every_s = plain_every_s
+        self._last_plain = 0.0
+        self._start = time.monotonic()
+        self._bar = None
+        if not quiet and self._stream.isatty():
+            from rich import progress
+            from rich.console import Console
+
+            self._bar = progress.Progress(
+                progress.TextColumn("env steps"),
+                progress.BarColumn(),
+                progress.MofNCompleteColumn(),
+                progress.TimeElapsedColumn(),
+                progress.TextColumn("ETA"),
+                progress.TimeRemainingColumn(),
+                progress.TextColumn("{task.fields[info]}"),
+                console=Console(file=self._stream),
+            )
+            self._task = self._bar.add_task("train", total=total_env_steps, info="")
+            self._bar.start()
+
+    def update(self, stats: dict[str, Any]) -> None:
+        if self._quiet:
+            return
+        elapsed = time.monotonic() - self._start
+        if self._bar is not None:
+            info = (f"{stats.get('env_steps_per_s', 0.0):,.0f} steps/s | "
+                    f"return {_fmt_return(stats)}")
+            self._bar.update(self._task, completed=stats.get("env_steps", 0), info=info)
+        elif elapsed - self._last_plain >= self._plain_every_s:
+            self._last_plain = elapsed
+            line = f"[{elapsed:6.1f}s] " + describe(stats, self._total)
+            print(line, file=self._stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

@@ -1,0 +1,588 @@
+"""RPC between nodes: clients, the loopback TCP server, and the in-process fast path.
+
+A service node's public methods (names not starting with "_") are its RPCs. Callers hold a
+`Client`: `client.method(*args, **kwargs)` is a synchronous call and
+`client.futures.method(*args, **kwargs)` returns a `concurrent.futures.Future`. Both client kinds
+give the same semantics:
+
+- an exception raised by the remote method is re-raised as `RemoteError` carrying the remote
+  traceback text;
+- an unknown or private method raises `AttributeError` naming the node and its methods;
+- a client connects lazily and retries for up to `timeout_s` (the node may still be starting),
+  then raises `ConnectionError` naming the node and its address;
+- a server that goes away mid-call raises `ConnectionError` at once;
+- clients are picklable (they travel as label + address) and thread-safe (one connection per
+  calling thread).
+
+Wire format (TCP): every message is an 8-byte big-endian length and a cloudpickle payload. Both
+sides first prove they hold the program's secret with HMAC-SHA256 over the other side's random
+nonce, so that neither side unpickles bytes from a stranger.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import hmac
+import os
+import pickle
+import queue
+import socket
+import struct
+import threading
+import time
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from launch import node_context
+
+_MAGIC = b"TRELLIS-RPC-1"
+_NONCE_BYTES = 32
+_HEADER = struct.Struct("!Q")
+_HANDSHAKE_TIMEOUT_S = 10.0
+# Below this size one `sendall` of header + payload saves a packet; above it the copy costs more.
+_COALESCE_BYTES = 64 * 1024
+
+
+class RemoteError(RuntimeError):
+    """An exception raised by a remote method, re-raised in the caller.
+
+    Attributes:
+      node: label of the node that raised.
+      method: the RPC method name.
+      remote_type: the remote exception's type name, e.g. "ValueError".
+      remote_traceback: the remote traceback text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        node: str = "",
+        method: str = "",
+        remote_type: str = "",
+        remote_traceback: str = "",
+    ):
+        super().__init__(message)
+        self.node = node
+        self.method = method
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):
+        # The default reduce passes only `args`; keep the attributes when passed between nodes.
+        return (
+            RemoteError,
+            (self.args[0], self.node, self.method, self.remote_type, self.remote_traceback),
+        )
+
+    @classmethod
+    def from_parts(cls, node: str, method: str, remote_type: str, text: str, tb: str):
+        message = (
+            f"{method}() on node '{node}' raised {remote_type}: {text}\n"
+            f"--- remote traceback (node '{node}') ---\n{tb.rstrip()}"
+        )
+        return cls(message, node, method, remote_type, tb)
+
+
+@dataclasses.dataclass(frozen=True)
+class TcpAddress:
+    """A node served over loopback TCP; `authkey` is the program's secret (never printed)."""
+
+    host: str
+    port: int
+    authkey: bytes = dataclasses.field(repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class InprocAddress:
+    """A node served in this process (`local_mt`); `key` indexes the in-process registry."""
+
+    key: str
+
+    def __str__(self) -> str:
+        return f"inproc://{self.key}"
+
+
+Address = TcpAddress | InprocAddress
+
+
+def connect(label: str, address: Address, timeout_s: float = 60.0) -> Client:
+    """Returns a client of the node `label` served at `address` (connects lazily)."""
+    if isinstance(address, TcpAddress):
+        return TcpClient(label, address, timeout_s)
+    if isinstance(address, InprocAddress):
+        return InprocClient(label, address, timeout_s)
+    raise TypeError(f"unknown address type {type(address).__name__} for node '{label}'")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Returns a port that was free a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def resolve_method(instance: Any, name: str, label: str):
+    """Returns the bound public method `name` of `instance`.
+
+    Raises:
+      AttributeError: if `name` is private, missing or not callable; the message lists the
+        node's RPC methods.
+    """
+    if name.startswith("_"):
+        raise AttributeError(
+            f"{name!r} is private on node '{label}': only public methods (names not starting "
+            f"with '_') are RPCs"
+        )
+    method = getattr(instance, name, None)
+    if method is None or not callable(method):
+        public = sorted(
+            n for n in dir(instance) if not n.startswith("_") and callable(getattr(instance, n))
+        )
+        raise AttributeError(
+            f"node '{label}' ({type(instance).__name__}) has no RPC method {name!r}; "
+            f"its methods are: {', '.join(public) or '(none)'}"
+        )
+    return method
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+
+
+class Client:
+    """Base client: attribute access makes RPC stubs; subclasses implement `_call`."""
+
+    def __init__(self, label: str, address: Address, timeout_s: float = 60.0):
+        self._label = label
+        self._address = address
+        self._timeout_s = float(timeout_s)
+
+    def __getattr__(self, name: str):
+        # Private names must raise AttributeError: pickle, copy and friends probe for them.
+        if name.startswith("_"):
+            raise AttributeError(
+                f"{name!r}: private methods are not RPCs (client of node '{self._label}')"
+            )
+        return _Stub(self, name)
+
+    @property
+    def futures(self) -> _Futures:
+        """`client.futures.method(...)` runs the call in a background thread -> Future."""
+        return _Futures(self)
+
+    def __reduce__(self):
+        # Travel as (label, address, timeout): connections and threads stay behind.
+        return (type(self), (self._label, self._address, self._timeout_s))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of node '{self._label}' at {self._address}>"
+
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError
+
+    def _abort_if_stopping(self) -> None:
+        # Inside a node of a stopping program, waiting for a peer that is going away only
+        # delays the shutdown; outside nodes (tests, notebooks) the full timeout applies.
+        context = node_context.current()
+        if context is not None and context.stop_event.is_set():
+            raise ConnectionError(
+                f"program is stopping: not connecting to node '{self._label}' at {self._address}"
+            )
+
+
+class _Stub:
+    """One RPC method of a client."""
+
+    __slots__ = ("_client", "_name")
+
+    def __init__(self, client: Client, name: str):
+        self._client = client
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        return self._client._call(self._name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<RPC {self._name}() of node '{self._client._label}'>"
+
+
+class _Futures:
+    """`client.futures`: the same methods, returning `concurrent.futures.Future`s."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: Client):
+        self._client = client
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(
+                f"{name!r}: private methods are not RPCs (client of node '{self._client._label}')"
+            )
+
+        def submit(*args, **kwargs) -> concurrent.futures.Future:
+            return _pool().submit(self._client._call, name, args, kwargs)
+
+        submit.__name__ = name
+        return submit
+
+
+class TcpClient(Client):
+    """Client of a node in another process; one socket per calling thread."""
+
+    def __init__(self, label: str, address: TcpAddress, timeout_s: float = 60.0):
+        super().__init__(label, address, timeout_s)
+        self._local = threading.local()
+
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        try:
+            request = cloudpickle.dumps((name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise TypeError(
+                f"arguments of {name}() for node '{self._label}' cannot be pickled: {exc}"
+            ) from exc
+        sock = self._socket()
+        try:
+            _send_frame(sock, request)
+            reply = _recv_frame(sock)
+        except (OSError, EOFError) as exc:
+            self._forget_socket()
+            raise ConnectionError(
+                f"lost the connection to node '{self._label}' at {self._address} during "
+                f"{name}(): {exc!r} (did the node stop or crash?)"
+            ) from exc
+        except BaseException:
+            # Interrupted mid-message: the stream is out of step, never reuse it.
+            self._forget_socket()
+            raise
+        return _unpack_reply(reply, self._label, name)
+
+    def _socket(self) -> socket.socket:
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            sock = self._connect()
+            self._local.sock = sock
+        return sock
+
+    def _forget_socket(self) -> None:
+        sock = getattr(self._local, "sock", None)
+        self._local.sock = None
+        if sock is not None:
+            sock.close()
+
+    def _connect(self) -> socket.socket:
+        address = self._address
+        deadline = time.monotonic() + self._timeout_s
+        delay = 0.02
+        while True:
+            self._abort_if_stopping()
+            sock = None
+            try:
+                sock = socket.create_connection((address.host, address.port), timeout=5.0)
+                _client_handshake(sock, address.authkey)
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            except _AuthenticationError as exc:
+                sock.close()
+                raise ConnectionError(
+                    f"node '{self._label}' at {address} rejected the program secret (or is "
+                    f"not a Trellis node): {exc}"
+                ) from exc
+            except (OSError, EOFError) as exc:
+                if sock is not None:
+                    sock.close()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ConnectionError(
+                        f"could not connect to node '{self._label}' at {address} within "
+                        f"{self._timeout_s:g} s (last error: {exc!r}); is the node running?"
+                    ) from exc
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.5)
+
+
+class InprocClient(Client):
+    """Client of a node in this process (`local_mt`): calls the instance directly."""
+
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        instance, context = self._target()
+        method = resolve_method(instance, name, self._label)
+        # The method runs in the caller's thread; let it see its own node, as it would remotely.
+        caller_context = node_context.thread_context()
+        node_context.bind_thread(context)
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            raise RemoteError.from_parts(
+                self._label, name, type(exc).__name__, str(exc), traceback.format_exc()
+            ) from exc
+        finally:
+            node_context.bind_thread(caller_context)
+
+    def _target(self) -> tuple[Any, node_context.NodeContext]:
+        deadline = time.monotonic() + self._timeout_s
+        with _inproc_cond:
+            while True:
+                target = _inproc_servers.get(self._address.key)
+                if target is _CLOSED:
+                    raise ConnectionError(f"node '{self._label}' at {self._address} has stopped")
+                if target is not None:
+                    return target
+                self._abort_if_stopping()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ConnectionError(
+                        f"node '{self._label}' at {self._address} did not start serving within "
+                        f"{self._timeout_s:g} s; is the node running?"
+                    )
+                _inproc_cond.wait(min(remaining, 0.1))
+
+
+def _unpack_reply(reply: bytes, label: str, name: str) -> Any:
+    status, *rest = pickle.loads(reply)
+    if status == "ok":
+        return rest[0]
+    if status == "no_method":
+        raise AttributeError(rest[0])
+    remote_type, text, tb = rest
+    raise RemoteError.from_parts(label, name, remote_type, text, tb)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process registry (local_mt)
+
+_inproc_cond = threading.Condition()
+_inproc_servers: dict[str, Any] = {}
+_CLOSED = object()  # tombstone: clients of a stopped node fail at once instead of waiting
+
+
+def serve_inproc(address: InprocAddress, instance: Any, context: node_context.NodeContext) -> None:
+    """Makes `instance`, a node with `context`, reachable by `InprocClient`s of `address`."""
+    with _inproc_cond:
+        _inproc_servers[address.key] = (instance, context)
+        _inproc_cond.notify_all()
+
+
+def close_inproc(address: InprocAddress) -> None:
+    """Makes later calls through `address` raise `ConnectionError`."""
+    with _inproc_cond:
+        _inproc_servers[address.key] = _CLOSED
+        _inproc_cond.notify_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# TCP server (local_mp)
+
+
+class TcpServer:
+    """Serves the public methods of `instance` on `address`, one thread per connection.
+
+    All threads are daemons: a node process exits when its main thread is done, whatever its
+    callers are doing.
+    """
+
+    def __init__(self, instance: Any, label: str, address: TcpAddress):
+        self._instance = instance
+        self._label = label
+        self._authkey = address.authkey
+        self._closed = threading.Event()
+        # create_server sets SO_REUSEADDR, so a port freed by the launcher a moment ago binds.
+        self._sock = socket.create_server((address.host, address.port))
+        # Accept with a timeout so that close() is noticed without platform-specific tricks.
+        self._sock.settimeout(0.5)
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=f"rpc-accept:{label}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stops accepting connections (open connections end with the process)."""
+        self._closed.set()
+        self._sock.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            threading.Thread(
+                target=self._serve_connection, args=(conn,), name=f"rpc:{self._label}", daemon=True
+            ).start()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(_HANDSHAKE_TIMEOUT_S)
+                _server_handshake(conn, self._authkey)
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except (OSError, EOFError, _AuthenticationError):
+                return  # a stranger or a client that gave up: nothing to answer
+            while True:
+                try:
+                    request = _recv_frame(conn)
+                except (OSError, EOFError):
+                    return
+                reply = self._handle(request)
+                try:
+                    _send_frame(conn, reply)
+                except OSError:
+                    return
+
+    def _handle(self, request: bytes) -> bytes:
+        name = "?"
+        try:
+            name, args, kwargs = pickle.loads(request)
+            method = resolve_method(self._instance, name, self._label)
+        except AttributeError as exc:
+            return _dumps(("no_method", str(exc)))
+        except Exception as exc:
+            return _error_reply(exc)
+        try:
+            value = method(*args, **kwargs)
+        except Exception as exc:
+            return _error_reply(exc)
+        try:
+            return _dumps(("ok", value))
+        except Exception as exc:
+            return _error_reply(
+                TypeError(f"the result of {name}() cannot be pickled: {exc!r}"), tb=""
+            )
+
+
+def _dumps(obj: Any) -> bytes:
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _error_reply(exc: Exception, tb: str | None = None) -> bytes:
+    text = traceback.format_exc() if tb is None else tb
+    return _dumps(("error", type(exc).__name__, str(exc), text))
+
+
+# ---------------------------------------------------------------------------------------------
+# Framing and authentication
+
+
+class _AuthenticationError(Exception):
+    pass
+
+
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    header = _HEADER.pack(len(payload))
+    if len(payload) < _COALESCE_BYTES:
+        sock.sendall(header + payload)
+    else:
+        sock.sendall(header)
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytearray:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    received = 0
+    while received < size:
+        count = sock.recv_into(view[received:])
+        if count == 0:
+            raise EOFError("connection closed by the peer")
+        received += count
+    return buffer
+
+
+def _recv_frame(sock: socket.socket) -> bytearray:
+    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return _recv_exact(sock, size)
+
+
+def _digest(authkey: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(authkey, role + nonce, hashlib.sha256).digest()
+
+
+def _server_handshake(sock: socket.socket, authkey: bytes) -> None:
+    server_nonce = os.urandom(_NONCE_BYTES)
+    sock.sendall(_MAGIC + server_nonce)
+    answer = bytes(_recv_exact(sock, hashlib.sha256().digest_size + _NONCE_BYTES))
+    client_digest, client_nonce = answer[: -_NONCE_BYTES], answer[-_NONCE_BYTES:]
+    if not hmac.compare_digest(client_digest, _digest(authkey, b"client", server_nonce)):
+        raise _AuthenticationError("client did not prove the program secret")
+    sock.sendall(_digest(authkey, b"server", client_nonce))
+
+
+def _client_handshake(sock: socket.socket, authkey: bytes) -> None:
+    greeting = bytes(_recv_exact(sock, len(_MAGIC) + _NONCE_BYTES))
+    if not greeting.startswith(_MAGIC):
+        raise _AuthenticationError("the server does not speak the Trellis RPC protocol")
+    client_nonce = os.urandom(_NONCE_BYTES)
+    server_nonce = greeting[len(_MAGIC) :]
+    sock.sendall(_digest(authkey, b"client", server_nonce) + client_nonce)
+    proof = bytes(_recv_exact(sock, hashlib.sha256().digest_size))
+    if not hmac.compare_digest(proof, _digest(authkey, b"server", client_nonce)):
+        raise _AuthenticationError("server did not prove the program secret")
+
+
+# ---------------------------------------------------------------------------------------------
+# Futures
+
+
+class _DaemonPool:
+    """A thread pool of daemon threads that grows on demand.
+
+    Not `ThreadPoolExecutor`: its workers are joined at interpreter exit, so one RPC stuck on a
+    dead peer would hang the process. Growing whenever no worker is idle (up to a cap) keeps a
+    future that waits on another future from deadlocking.
+    """
+
+    def __init__(self, max_workers: int = 256):
+        self._max_workers = max_workers
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers = 0
+        self._idle = 0
+        self._pending = 0
+
+    def submit(self, fn, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((future, fn, args, kwargs))
+        with self._lock:
+            self._pending += 1
+            if self._pending > self._idle and self._workers < self._max_workers:
+                self._workers += 1
+                threading.Thread(target=self._work, name="rpc-future", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            future, fn, args, kwargs = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+                self._pending -= 1
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # delivered to whoever waits on the future
+                future.set_exception(exc)
+
+
+_pool_instance: _DaemonPool | None = None
+_pool_lock = threading.Lock()
+
+
+def _pool() -> _DaemonPool:
+    global _pool_instance
+    with _pool_lock:
+        if _pool_instance is None:
+            _pool_instance = _DaemonPool()
+        return _pool_instance

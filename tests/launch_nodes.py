@@ -1,0 +1,142 @@
+"""Node classes and functions for tests/test_launch.py.
+
+A module of its own so that spawned node processes can import them by name. Stdlib only: every
+spawned test node imports it, and the tests must stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import launch
+
+
+class Echo:
+    """A service node without a run loop."""
+
+    def __init__(self, offset: int = 0):
+        self._offset = offset
+
+    def add(self, a, b):
+        return a + b + self._offset
+
+    def echo(self, value):
+        return value
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def labels(self) -> tuple[str | None, str | None]:
+        return launch.node_label(), os.environ.get("TRELLIS_NODE_LABEL")
+
+    def fail(self, message: str):
+        raise ValueError(message)
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    def _secret(self):  # private: must not be callable by RPC
+        return "secret"
+
+
+class Caller:
+    """Gets handles nested in a list, a dict and a tuple; calls through the clients."""
+
+    def __init__(self, peers, named, scale, transform=None):
+        self._peers = peers
+        self._named = named
+        self._scale = scale
+        self._transform = transform
+
+    def sums(self, a, b) -> list:
+        """Sync calls to every peer, then futures calls, then the nested ones."""
+        sync = [peer.add(a, b) for peer in self._peers]
+        futures = [peer.futures.add(a, b) for peer in self._peers]
+        nested = [self._named["first"].add(a, b), self._named["nested"][0][0].add(a, b)]
+        return sync + [f.result(timeout=30) for f in futures] + nested
+
+    def scaled(self, value):
+        value = value * self._scale
+        return self._transform(value) if self._transform is not None else value
+
+
+class Runner:
+    """Writes its pid to `pid_dir` (if given), then loops until the program stops."""
+
+    def __init__(self, pid_dir: str | None = None, label: str = "runner"):
+        if pid_dir is not None:
+            with open(os.path.join(pid_dir, f"{label}.pid"), "w") as f:
+                f.write(str(os.getpid()))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def ping(self) -> str:
+        return "pong"
+
+    def run(self) -> None:
+        while not launch.stop_event().wait(0.02):
+            pass
+
+
+class FailingRun:
+    """run() waits until its peer serves, then raises."""
+
+    def __init__(self, peer=None):
+        self._peer = peer
+
+    def ping(self) -> str:
+        return "pong"
+
+    def run(self) -> None:
+        if self._peer is not None:
+            self._peer.ping()
+        raise ValueError("boom in run")
+
+
+class FailingInit:
+    def __init__(self):
+        raise RuntimeError("boom in constructor")
+
+
+class Stopper:
+    """Asks the program to stop, as a learner does at the end of its budget."""
+
+    def run(self) -> None:
+        launch.request_stop("budget reached", {"steps": 3})
+        launch.stop_event().wait(30)
+
+
+class PidPrinter:
+    """Prints "PID <pid>" (for launcher scripts run as subprocesses), then loops until stopped."""
+
+    def run(self) -> None:
+        print(f"PID {os.getpid()}", flush=True)
+        while not launch.stop_requested():
+            time.sleep(0.02)
+
+
+def print_pid_and_wait() -> None:
+    print(f"PID {os.getpid()}", flush=True)
+    launch.stop_event().wait()
+
+
+def return_at_once() -> None:
+    return None
+
+
+# A launcher script for the signal tests: run with `python -c`, prints node pids and the result.
+SIGNAL_SCRIPT = """
+import sys
+import launch
+from tests import launch_nodes
+
+program = launch.Program("signals")
+program.add_node(launch.CourierNode(launch_nodes.PidPrinter), label="printer")
+program.add_node(launch.PyNode(launch_nodes.print_pid_and_wait), label="waiter")
+result = launch.launch(program, platform="local_mp", stop_timeout_s=5.0)
+print("RESULT", result.stopped_by, result.reason, flush=True)
+sys.exit(result.exit_code)
+"""

@@ -1,0 +1,61 @@
+"""Env factory, specs, and the env worker's handling of Gymnasium next-step autoreset."""
+
+import numpy as np
+import pytest
+
+from envs import EnvFactory, EnvWorker, UnknownEnvError
+
+
+def test_spec_of_cartpole():
+    spec = EnvFactory("CartPole-v1").spec()
+    assert spec.observation_shape == (4,) and spec.observation_dtype == "float32"
+    assert spec.num_actions == 2 and spec.discrete and not spec.pixels
+
+
+def test_spec_of_continuous_env():
+    spec = EnvFactory("Pendulum-v1").spec()
+    assert spec.num_actions is None and spec.action_shape == (1,)
+    assert spec.action_low == (-2.0,) and spec.action_high == (2.0,)
+
+
+def test_unknown_env_names_close_matches():
+    with pytest.raises(UnknownEnvError, match="Did you mean: CartPole-v1"):
+        EnvFactory("CartPole-v2").validate()
+
+
+class RecordingInference:
+    """Stands in for the inference server: random actions, records every request."""
+
+    def __init__(self, steps):
+        self.calls = []
+        self._steps = steps
+        self._rng = np.random.default_rng(0)
+
+    def step(self, worker_id, run_id, obs, reward, terminated, truncated, first, episodes):
+        self.calls.append(dict(obs=obs.copy(), reward=reward.copy(), terminated=terminated,
+                               truncated=truncated, first=first, episodes=list(episodes)))
+        if len(self.calls) > self._steps:
+            return None  # What the server answers when stopping: the worker returns.
+        return self._rng.integers(0, 2, size=len(obs))
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
+def test_worker_marks_first_steps_after_autoreset(env_id):
+    inference = RecordingInference(steps=600)
+    EnvWorker(EnvFactory(env_id), inference, worker_id=0, num_envs=4, seed=3).run()
+    calls = inference.calls
+    assert all(c["first"].all() for c in calls[:1])
+    returns, ended = [], 0
+    for prev, cur in zip(calls, calls[1:]):
+        done = prev["terminated"] | prev["truncated"]
+        # The step after an episode end is the reset: first, zero reward, not terminal.
+        np.testing.assert_array_equal(cur["first"], done)
+        assert (cur["reward"][done] == 0).all() and not cur["terminated"][done].any()
+        ended += int(done.sum())
+        returns += [r for r, _ in cur["episodes"]]
+    assert ended > 0 and len(returns) == ended - int(sum(
+        (c["terminated"] | c["truncated"]).sum() for c in calls[-1:]))
+    if env_id == "CartPole-v1":  # Reward 1 per step: return == length.
+        for c in calls:
+            for r, n in c["episodes"]:
+                assert r == n

@@ -1,0 +1,285 @@
+"""Tests of launch/: program graph, RPCs, stop paths, and that no process is left behind."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import launch
+from launch import node_context, rpc
+from tests import launch_nodes as nodes
+
+PLATFORMS = ["local_mt", "local_mp"]
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs; a zombie (dead, not yet reaped by init) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids, timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _node_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("node:")]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_handles_rpcs_futures_and_arrays(platform):
+    program = launch.Program("rpc")
+    with program.group("echo"):
+        first = program.add_node(launch.CourierNode(nodes.Echo, 0))
+        second = program.add_node(launch.CourierNode(nodes.Echo, offset=100))
+    caller = program.add_node(
+        launch.CourierNode(
+            nodes.Caller,
+            [first, second],
+            {"first": first, "nested": [(second,)]},
+            scale=np.float32(2.0),
+            transform=lambda x: x + 1,
+        ),
+        label="caller",
+    )
+    assert [first.label, second.label, caller.label] == ["echo/0", "echo/1", "caller"]
+
+    with launch.launch(program, platform=platform, block=False) as running:
+        client = caller.dereference()
+        assert client.sums(1, 2) == [3, 103, 3, 103, 3, 103]
+        assert client.futures.sums(2, 2).result(timeout=30) == [4, 104, 4, 104, 4, 104]
+        array = np.arange(12, dtype=np.float32).reshape(3, 4)
+        np.testing.assert_array_equal(client.scaled(array), array * 2 + 1)
+
+        echo = pickle.loads(pickle.dumps(first)).dereference()  # handles travel by pickle
+        echo = pickle.loads(pickle.dumps(echo))  # and so do clients
+        expected_env = "echo/0" if platform == "local_mp" else os.environ.get("TRELLIS_NODE_LABEL")
+        assert echo.labels() == ("echo/0", expected_env)
+
+        # One client, many threads, sync and futures calls interleaved.
+        def hammer(i: int, out: list) -> None:
+            out.append(all(echo.add(i, k) == i + k for k in range(20)))
+            out.append(echo.futures.echo(i).result(timeout=30) == i)
+
+        results: list = []
+        threads = [threading.Thread(target=hammer, args=(i, results)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [True] * 16
+        assert running.is_running()  # nodes without run() serve until stopped
+    result = running.result
+    assert result.stopped_by == "signal" and result.reason == "stop() called"
+    assert result.exit_code == 130
+    assert not _node_threads()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_remote_errors_and_bad_methods(platform):
+    program = launch.Program("errors")
+    echo = program.add_node(launch.CourierNode(nodes.Echo), label="echo")
+    with launch.launch(program, platform=platform, block=False):
+        client = echo.dereference()
+        with pytest.raises(launch.RemoteError) as info:
+            client.fail("bad value 42")
+        message = str(info.value)
+        assert "ValueError: bad value 42" in message
+        assert "echo" in message and "launch_nodes.py" in message  # the remote traceback
+        assert info.value.remote_type == "ValueError"
+        assert "raise ValueError(message)" in info.value.remote_traceback
+        with pytest.raises(launch.RemoteError, match="bad value"):
+            client.futures.fail("bad value").result(timeout=30)
+        with pytest.raises(AttributeError, match="no RPC method 'nope'.*echo, fail"):
+            client.nope()
+        with pytest.raises(AttributeError, match="private"):
+            client._secret()
+        with pytest.raises(AttributeError, match="private"):
+            client.futures._secret()
+        assert client.add(1, 1) == 2  # the connection survives remote errors
+
+
+def test_client_gives_up_with_a_clear_error():
+    address = rpc.TcpAddress("127.0.0.1", rpc.free_port(), b"secret")
+    client = rpc.connect("ghost", address, timeout_s=0.3)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=rf"'ghost' at 127.0.0.1:{address.port}"):
+        client.ping()
+    assert time.monotonic() - start < 5
+    with pytest.raises(RuntimeError, match="launch the program first"):
+        launch.Program("p").add_node(launch.CourierNode(nodes.Echo)).dereference()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_run_error_stops_every_node(platform, tmp_path, capfd):
+    program = launch.Program("crash")
+    good = program.add_node(launch.CourierNode(nodes.Runner, str(tmp_path)), label="good")
+    program.add_node(launch.CourierNode(nodes.FailingRun, good), label="bad")
+
+    result = launch.launch(program, platform=platform, stop_timeout_s=5.0)
+
+    assert result.stopped_by == "error" and result.exit_code == 1
+    assert result.error_node == "bad"
+    assert result.reason == "bad: ValueError: boom in run"
+    assert "boom in run" in result.error_traceback and "in run" in result.error_traceback
+    stderr = capfd.readouterr().err
+    assert stderr.count("node 'bad' failed") == 1 and "ValueError: boom in run" in stderr
+    pid = int((tmp_path / "runner.pid").read_text())
+    if platform == "local_mp":
+        assert pid != os.getpid()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not _node_threads()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_constructor_error(platform):
+    program = launch.Program("init")
+    program.add_node(launch.CourierNode(nodes.FailingInit), label="broken")
+    program.add_node(launch.CourierNode(nodes.Runner), label="fine")
+    result = launch.launch(program, platform=platform)
+    assert (result.stopped_by, result.error_node) == ("error", "broken")
+    assert "boom in constructor" in result.reason
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_request_stop_and_completion(platform):
+    program = launch.Program("stop")
+    program.add_node(launch.CourierNode(nodes.Stopper), label="learner")
+    program.add_node(launch.CourierNode(nodes.Runner), label="actor")
+    result = launch.launch(program, platform=platform)
+    assert result == launch.LaunchResult("requested", "budget reached", {"steps": 3})
+    assert result.exit_code == 0
+
+    program = launch.Program("complete")
+    program.add_node(launch.PyNode(nodes.return_at_once), label="job")
+    program.add_node(launch.CourierNode(nodes.Echo), label="server")  # no run(): not awaited
+    result = launch.launch(program, platform=platform)
+    assert (result.stopped_by, result.exit_code) == ("completed", 0)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_disable_run_lets_a_test_drive_the_node(platform):
+    program = launch.Program("driven")
+    node = launch.CourierNode(nodes.FailingRun)
+    node.disable_run()
+    handle = program.add_node(node, label="driven")
+    running = launch.launch(program, platform=platform, block=False)
+    try:
+        assert handle.dereference().ping() == "pong"
+        assert running.wait(timeout=0.3) is None and running.is_running()
+    finally:
+        result = running.stop()
+    assert result.stopped_by == "signal"
+    assert not running.is_running()
+
+
+def test_kill_minus_nine_is_an_error_and_breaks_calls_at_once():
+    program = launch.Program("kill")
+    victim = program.add_node(launch.CourierNode(nodes.Echo), label="victim")
+    program.add_node(launch.CourierNode(nodes.Runner), label="bystander")
+    running = launch.launch(program, platform="local_mp", block=False)
+    try:
+        client = victim.dereference()
+        pid = client.pid()
+        pending = client.futures.sleep(30)
+        time.sleep(0.2)  # let the call reach the server
+        os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="victim"):
+            pending.result(timeout=10)
+        assert time.monotonic() - start < 2
+        result = running.wait(timeout=15)
+    finally:
+        running.stop()
+    assert (result.stopped_by, result.error_node) == ("error", "victim")
+    assert "SIGKILL" in result.reason
+
+
+def _launch_script() -> tuple[subprocess.Popen, list[int]]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", nodes.SIGNAL_SCRIPT],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    pids = []
+    while len(pids) < 2:
+        line = process.stdout.readline()
+        assert line, "the launcher script ended before its nodes started"
+        if line.startswith("PID "):
+            pids.append(int(line.split()[1]))
+    return process, pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_program_and_children(signum):
+    process, pids = _launch_script()
+    start = time.monotonic()
+    process.send_signal(signum)
+    try:
+        out, _ = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    assert time.monotonic() - start < 10
+    assert process.returncode == 130
+    assert f"RESULT signal {signal.Signals(signum).name}" in out
+    assert not _wait_gone(pids, 0.0)
+
+
+def test_children_exit_when_launcher_is_killed():
+    process, pids = _launch_script()
+    process.kill()
+    process.wait()
+    assert not _wait_gone(pids, 5.0)
+
+
+def test_unknown_platform():
+    program = launch.Program("p")
+    program.add_node(launch.PyNode(nodes.return_at_once))
+    with pytest.raises(ValueError, match="'ray'.*local_mp, local_mt"):
+        launch.launch(program, platform="ray")
+
+
+def test_program_graph_checks():
+    program = launch.Program("p")
+    node = launch.PyNode(nodes.return_at_once)
+    assert program.add_node(node).label == "return_at_once"
+    with pytest.raises(ValueError, match="already added"):
+        program.add_node(node)
+    with program.group("g"):
+        with pytest.raises(ValueError, match="one label"):
+            program.add_node(launch.PyNode(nodes.return_at_once), label="other")
+    with pytest.raises(KeyError, match="return_at_once"):
+        program.handles("missing")
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        bad = launch.Program("bad")
+        bad.add_node(launch.PyNode(nodes.return_at_once, threading.Lock()))
+        launch.launch(bad, platform="local_mt")
+
+
+def test_node_context_outside_nodes():
+    assert node_context.current() is None and launch.node_label() is None
+    event = launch.stop_event()
+    assert not launch.stop_requested() and not event.wait(0.0)
+    try:
+        launch.request_stop("outside", {"a": 1})
+        assert launch.stop_requested()
+    finally:
+        event.clear()  # the process-global default event; other tests must see it clear
+    with pytest.raises(TypeError, match="dict"):
+        launch.request_stop("bad", info=[1])
