@@ -22,6 +22,7 @@ import numpy as np
 from builders.base import ArraySpec, Policy
 from envs.specs import EnvSpec
 
+
 def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec]) -> dict[str, ArraySpec]:
     """The fields of one recorded step, as stored in unrolls.
 

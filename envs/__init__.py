@@ -4,4 +4,6 @@ from envs.factory import EnvFactory, UnknownEnvError
 from envs.specs import EnvSpec, spec_from_spaces
 from envs.worker import EnvWorker, EpisodeTracker
 
-__all__ = ["EnvFactory", "EnvSpec", "EnvWorker", "EpisodeTracker", "UnknownEnvError", "spec_from_spaces"]
+__all__ = [
+    "EnvFactory", "EnvSpec", "EnvWorker", "EpisodeTracker", "UnknownEnvError", "spec_from_spaces",
+]

@@ -14,6 +14,7 @@ import importlib
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -98,15 +99,15 @@ class RunningProgram:
         Returns:
           The result, or None if the program is still running after `timeout`.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with _stop_on_signals(self):
             # Short waits keep the main thread responsive to signals on every Python.
-            remaining = timeout
-            while not self._done.wait(_POLL_S if remaining is None else min(_POLL_S, remaining)):
-                if remaining is not None:
-                    remaining -= _POLL_S
-                    if remaining <= 0:
-                        return None
-        return self._result
+            while True:
+                step = _POLL_S if deadline is None else deadline - time.monotonic()
+                if self._done.wait(max(0.0, min(_POLL_S, step))):
+                    return self._result
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
 
     def stop(self) -> LaunchResult:
         """Stops every node (if still running) and returns the result."""
@@ -248,8 +249,9 @@ def launch(
       platform: "local_mp" (one process per node) or "local_mt" (one thread per node).
       block: wait until the program stops and return its `LaunchResult`; if False, return a
         `RunningProgram` at once.
-      stop_timeout_s: when stopping, how long nodes get to return after the stop event is set
-        before they are terminated (processes; threads cannot be killed and are left behind).
+      stop_timeout_s: when stopping, how long nodes get to return after the stop event is set.
+        Processes still alive then get SIGTERM, and SIGKILL 1 s later; threads cannot be
+        killed and are left behind with a warning.
 
     Returns:
       The `LaunchResult` if `block`, else the `RunningProgram`.

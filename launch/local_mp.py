@@ -14,6 +14,7 @@ start a new process for the same node from its kept payload.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
@@ -22,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from launch import node_context, rpc
@@ -52,7 +53,7 @@ class Backend:
         self._program = program
         self._context = multiprocessing.get_context("spawn")
         self._children: list[_Child] = []
-        self._stop_event: Any = None
+        self._stop_writer: multiprocessing.connection.Connection | None = None
         self._stopping = False
 
     def start(self) -> None:
@@ -64,13 +65,14 @@ class Backend:
             )
         # Pickle every node before starting any: a bad argument fails the launch, not a node.
         payloads = [program_lib.pickle_node(node) for node in nodes]
-        self._stop_event = self._context.Event()
-        with _sigint_blocked():
+        stop_reader, self._stop_writer = self._context.Pipe(duplex=False)
+        stop_event = PipeStopEvent(stop_reader)
+        with _spawn_ignoring_sigint():
             for node, payload in zip(nodes, payloads, strict=True):
                 reader, writer = self._context.Pipe(duplex=False)
                 process = self._context.Process(
                     target=child_main,
-                    args=(node.label, node.address, payload, writer, self._stop_event, os.getpid()),
+                    args=(node.label, node.address, payload, writer, stop_event, os.getpid()),
                     name=f"trellis:{node.label}",
                 )
                 process.start()
@@ -79,6 +81,7 @@ class Backend:
                 self._children.append(
                     _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
                 )
+        stop_reader.close()  # the children hold their copies
 
     def poll(self, timeout_s: float) -> list[Status]:
         waitables: list[Any] = [c.reader for c in self._children if c.reader is not None]
@@ -129,8 +132,12 @@ class Backend:
 
     def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
         self._stopping = True
-        if self._stop_event is not None:
-            self._stop_event.set()
+        for node in self._program.nodes:
+            if node.address is not None:
+                rpc.mark_stopped(node.address)
+        if self._stop_writer is not None:
+            self._stop_writer.close()  # sets every child's PipeStopEvent
+            self._stop_writer = None
         deadline = time.monotonic() + timeout_s
         while any(not c.exited for c in self._children):
             remaining = deadline - time.monotonic()
@@ -161,12 +168,30 @@ class Backend:
             child.process.close()
 
 
+class PipeStopEvent:
+    """The program's stop event in a node process: set when the launcher closes the pipe.
+
+    Not `multiprocessing.Event`: its condition variable counts sleepers, so a node killed while
+    waiting (kill -9, OOM) makes the launcher's `set()` block forever. A pipe has no shared
+    state; closing its write end wakes every reader, and so does the launcher's death.
+    """
+
+    def __init__(self, reader: multiprocessing.connection.Connection):
+        self._reader = reader
+
+    def is_set(self) -> bool:
+        return self._reader.poll(0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._reader.poll(timeout)
+
+
 def child_main(
     label: str,
     address: rpc.TcpAddress | None,
     payload: bytes,
     writer: multiprocessing.connection.Connection,
-    stop_event: Any,
+    stop_event: PipeStopEvent,
     launcher_pid: int,
 ) -> None:
     """Entry point of a node process (runs under `spawn`).
@@ -181,9 +206,7 @@ def child_main(
     """
     # Set before unpickling: the node's imports may look at it (e.g. to pick log files).
     os.environ["TRELLIS_NODE_LABEL"] = label
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher coordinates Ctrl-C
     threading.Thread(
         target=_exit_when_orphaned, args=(label, launcher_pid), name="orphan-watchdog", daemon=True
     ).start()
@@ -224,20 +247,22 @@ def _exit_when_orphaned(label: str, launcher_pid: int) -> None:
         time.sleep(_WATCHDOG_PERIOD_S)
 
 
-class _sigint_blocked:
-    """Blocks SIGINT in the calling thread while children are spawned.
+@contextlib.contextmanager
+def _spawn_ignoring_sigint() -> Iterator[None]:
+    """Children spawned inside start with SIGINT ignored (in the main thread; else a no-op).
 
-    A blocked signal mask survives fork and exec, so a Ctrl-C that arrives while a child is still
-    importing (before `child_main` can ignore SIGINT) stays pending and is then discarded, rather
-    than killing the child with a KeyboardInterrupt. In the launcher the signal is delivered once
-    unblocked (or to another thread meanwhile), so it is never lost.
+    An ignored disposition survives fork and exec, so a Ctrl-C that reaches the process group
+    while a child is still importing (before `child_main` runs) cannot kill it with a
+    KeyboardInterrupt. The launcher also blocks SIGINT meanwhile: a blocked signal is never
+    discarded, so a Ctrl-C in this short window is delivered once the handler is back.
     """
-
-    def __enter__(self) -> None:
-        self._blocked = hasattr(signal, "pthread_sigmask")
-        if self._blocked:
-            self._previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-
-    def __exit__(self, *exc_info) -> None:
-        if self._blocked:
-            signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

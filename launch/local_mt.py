@@ -90,7 +90,7 @@ class Backend:
             on_status(status)
         # Closed after the joins: stopping nodes may still call their peers.
         for address in self._addresses:
-            rpc.close_inproc(address)
+            rpc.mark_stopped(address)
         if self._process_context is not None and node_context.process_context() is (
             self._process_context
         ):

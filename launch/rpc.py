@@ -283,6 +283,8 @@ class TcpClient(Client):
         delay = 0.02
         while True:
             self._abort_if_stopping()
+            if address in _stopped_tcp:
+                raise ConnectionError(f"node '{self._label}' at {address} has stopped")
             sock = None
             try:
                 sock = socket.create_connection((address.host, address.port), timeout=5.0)
@@ -357,24 +359,32 @@ def _unpack_reply(reply: bytes, label: str, name: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# In-process registry (local_mt)
+# Stopped nodes, and the in-process registry (local_mt)
 
 _inproc_cond = threading.Condition()
 _inproc_servers: dict[str, Any] = {}
 _CLOSED = object()  # tombstone: clients of a stopped node fail at once instead of waiting
+_stopped_tcp: set[TcpAddress] = set()  # (a few dozen bytes per node per launch)
+
+
+def mark_stopped(address: Address) -> None:
+    """Makes new connections to `address` from this process fail at once.
+
+    The launcher calls this for every node when its program stops, so that clients it handed out
+    (e.g. to a test or a notebook) raise `ConnectionError` instead of retrying for their timeout.
+    """
+    if isinstance(address, InprocAddress):
+        with _inproc_cond:
+            _inproc_servers[address.key] = _CLOSED
+            _inproc_cond.notify_all()
+    else:
+        _stopped_tcp.add(address)
 
 
 def serve_inproc(address: InprocAddress, instance: Any, context: node_context.NodeContext) -> None:
     """Makes `instance`, a node with `context`, reachable by `InprocClient`s of `address`."""
     with _inproc_cond:
         _inproc_servers[address.key] = (instance, context)
-        _inproc_cond.notify_all()
-
-
-def close_inproc(address: InprocAddress) -> None:
-    """Makes later calls through `address` raise `ConnectionError`."""
-    with _inproc_cond:
-        _inproc_servers[address.key] = _CLOSED
         _inproc_cond.notify_all()
 
 

@@ -24,10 +24,10 @@ if __name__ == "__main__" and not __package__:
     # would not find the package; the repository root belongs there instead.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Only light imports at module level: spawned node processes re-import this module, and
+# env workers should not pay for importing JAX. The rest is imported in `train`.
 import launch  # noqa: E402
 from agents.registry import AGENTS, agent_module  # noqa: E402
-from builders import ExperimentConfig, make_program  # noqa: E402
-from envs import EnvFactory, UnknownEnvError  # noqa: E402
 from launch.progress import Progress  # noqa: E402
 
 PLATFORMS = ("local_mt", "local_mp")
@@ -42,9 +42,11 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _stop_at_return(value: str) -> float | None:
+def _stop_at_return(value: str) -> float | str | None:
     if value.lower() in ("none", "off"):
         return None
+    if value == "auto":  # Resolved in `build` once the env is known.
+        return value
     try:
         out = float(value)
     except ValueError:
@@ -78,6 +80,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     """(builder, env factory, experiment config) from the flags; ValueError on bad values."""
+    from builders import ExperimentConfig
+    from envs import EnvFactory
+
     env_factory = EnvFactory(args.env)
     env_factory.validate()
     module = agent_module(args.agent)
@@ -125,6 +130,9 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
+    from builders import make_program
+    from envs import UnknownEnvError
+
     try:
         builder, env_factory, config, agent_config = build(args)
     except (ValueError, UnknownEnvError, TypeError) as e:

@@ -17,6 +17,7 @@ class Echo:
 
     def __init__(self, offset: int = 0):
         self._offset = offset
+        self._sleeping = 0
 
     def add(self, a, b):
         return a + b + self._offset
@@ -34,8 +35,12 @@ class Echo:
         raise ValueError(message)
 
     def sleep(self, seconds: float) -> float:
+        self._sleeping += 1
         time.sleep(seconds)
         return seconds
+
+    def sleeping(self) -> int:
+        return self._sleeping
 
     def _secret(self):  # private: must not be callable by RPC
         return "secret"

@@ -46,7 +46,7 @@ def test_worker_marks_first_steps_after_autoreset(env_id):
     calls = inference.calls
     assert all(c["first"].all() for c in calls[:1])
     returns, ended = [], 0
-    for prev, cur in zip(calls, calls[1:]):
+    for prev, cur in zip(calls, calls[1:], strict=False):
         done = prev["terminated"] | prev["truncated"]
         # The step after an episode end is the reset: first, zero reward, not terminal.
         np.testing.assert_array_equal(cur["first"], done)

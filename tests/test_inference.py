@@ -63,7 +63,7 @@ def test_batched_actions_match_unbatched_calls_per_slot():
     server.join(5)
 
     for w in range(num_workers):
-        for inputs, actions in zip(sent[w], got[w]):
+        for inputs, actions in zip(sent[w], got[w], strict=True):
             expected = np.argmax(inputs["obs"] @ W, axis=-1)  # One call per worker, unbatched.
             np.testing.assert_array_equal(actions, expected)
     # Requests were actually batched across workers.

@@ -197,7 +197,8 @@ def test_kill_minus_nine_is_an_error_and_breaks_calls_at_once():
         client = victim.dereference()
         pid = client.pid()
         pending = client.futures.sleep(30)
-        time.sleep(0.2)  # let the call reach the server
+        while not client.sleeping():  # the call is in flight on the server
+            time.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(ConnectionError, match="victim"):

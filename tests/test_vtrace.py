@@ -1,6 +1,5 @@
 """V-trace against a float64 numpy version of the paper's recursion, and against rlax."""
 
-import chex
 import jax
 import numpy as np
 import pytest

@@ -1,0 +1,1 @@
+"""Replay tables with Reverb semantics (native backend by default, dm-reverb optional)."""
