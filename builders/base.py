@@ -74,7 +74,7 @@ class ExperimentConfig:
 
     # Acting.
     num_actors: int = 2
-    envs_per_actor: int = 16
+    envs_per_actor: int = 32
     # Stopping: whichever comes first.
     total_env_steps: int = 1_000_000
     stop_at_return: float | None = None

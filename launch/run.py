@@ -62,7 +62,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--platform", default="local_mp", choices=PLATFORMS)
     p.add_argument("--env", default="CartPole-v1", help="a Gymnasium id")
     p.add_argument("--num_actors", type=int, default=2, help="env worker nodes")
-    p.add_argument("--envs_per_actor", type=int, default=16, help="envs per env worker")
+    p.add_argument("--envs_per_actor", type=int, default=32, help="envs per env worker")
     p.add_argument("--unroll_length", type=int, default=None, help="agent default if unset")
     p.add_argument("--batch_size", type=int, default=None, help="agent default if unset")
     p.add_argument("--learning_rate", type=float, default=None, help="agent default if unset")

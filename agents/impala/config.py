@@ -7,10 +7,14 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class ImpalaConfig:
-    """Hyper-parameters of IMPALA (Espeholt et al., 2018). Defaults solve CartPole-v1."""
+    """Hyper-parameters of IMPALA (Espeholt et al., 2018).
+
+    Defaults solve CartPole-v1 fast on a 2-core machine: short unrolls and a high learning
+    rate give many small updates per env step (tuned with the sweep in agents/impala/README).
+    """
 
     # Data: each learner batch is `batch_size` unrolls of `unroll_length` steps.
-    unroll_length: int = 20
+    unroll_length: int = 5
     batch_size: int = 32
     max_queue_size: int = 8  # Unroll batches in flight; bounds the policy lag.
 
@@ -26,7 +30,7 @@ class ImpalaConfig:
     vtrace_lambda: float = 1.0
 
     # Optimiser.
-    learning_rate: float = 1e-3
+    learning_rate: float = 5e-3
     max_grad_norm: float = 40.0
     adam_eps: float = 1e-6
 

@@ -105,10 +105,14 @@ class Learner:
         replicated = NamedSharding(mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, "data"))
         optimizer = make_optimizer(config)
-        init_key, state_key = jax.random.split(key)
-        params = networks.init(init_key)
-        state = TrainingState(params, optimizer.init(params), state_key, jnp.zeros((), jnp.int32))
-        self._state = jax.device_put(state, replicated)
+
+        def init(key: jax.Array) -> TrainingState:
+            init_key, state_key = jax.random.split(key)
+            params = networks.init(init_key)
+            return TrainingState(params, optimizer.init(params), state_key, jnp.zeros((), jnp.int32))
+
+        # One compiled init instead of many small eager ops: seconds faster at start-up.
+        self._state = jax.jit(init, out_shardings=replicated)(key)
         self._update = jax.jit(
             make_update(networks, optimizer, config),
             in_shardings=(replicated, self._batch_sharding),
