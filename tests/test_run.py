@@ -1,0 +1,115 @@
+"""launch/run.py end to end: IMPALA learns on each platform; bad input; Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
+RANDOM_CARTPOLE_RETURN = 22.0  # Mean return of a uniform random policy on CartPole-v1.
+
+
+def run(args, timeout=300):
+    return subprocess.run(RUN + args, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def summary(logdir):
+    with open(os.path.join(logdir, "summary.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("platform", ["local_mt", "local_mp"])
+def test_impala_learns_cartpole(platform, tmp_path):
+    out = run([f"--platform={platform}", "--total_env_steps=80000", "--stop_at_return=none",
+               f"--logdir={tmp_path}"])
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "budget" and s["env_steps"] >= 80000
+    assert s["episodes"] > 100 and s["learner_steps"] > 0
+    # Far above random after 80k steps (a solved policy scores 500).
+    assert s["mean_return_last_100"] > 4 * RANDOM_CARTPOLE_RETURN, s
+    assert "summary: " in out.stdout and str(tmp_path) in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("platform", ["local_mt", "local_mp"])
+def test_impala_solves_cartpole(platform, tmp_path):
+    out = run([f"--platform={platform}", "--stop_at_return=450", "--total_env_steps=2000000",
+               f"--logdir={tmp_path}"], timeout=600)
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "return_target" and s["mean_return_last_100"] >= 450
+
+
+@pytest.mark.parametrize(
+    "flag,expected",
+    [
+        ("--agent=dqnx", "invalid choice: 'dqnx' (choose from 'impala')"),
+        ("--platform=cloud", "invalid choice: 'cloud' (choose from 'local_mt', 'local_mp')"),
+        ("--env=CartPole-v7", "unknown env 'CartPole-v7'"),
+        ("--num_actors=0", "num_actors must be >= 1, got 0"),
+        ("--batch_size=-3", "batch_size must be >= 1, got -3"),
+        ("--stop_at_return=lots", "expected a number or 'none', got 'lots'"),
+        ("--total_env_steps=many", "invalid int value: 'many'"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_2(flag, expected, tmp_path):
+    out = run([flag, f"--logdir={tmp_path}"], timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], out.stderr
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # A zombie has exited.
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline") as f:
+        return f.read().replace("\0", " ")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_every_process_and_writes_summary(sig, tmp_path):
+    proc = subprocess.Popen(RUN + ["--platform=local_mp", "--stop_at_return=none",
+                                   "--total_env_steps=100000000", f"--logdir={tmp_path}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    children = []
+    while time.monotonic() < deadline and len(children) < 3:  # learner + 2 env workers
+        time.sleep(0.5)
+        children = _children(proc.pid)
+    time.sleep(8.0)  # Past start-up (JAX import, compilation): it is training now.
+    children = _children(proc.pid)  # Nodes, and multiprocessing's resource tracker.
+    assert len(children) >= 3, children
+    start = time.monotonic()
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=15)
+    assert time.monotonic() - start < 10.0
+    assert proc.returncode == 130, stderr
+    # multiprocessing's resource tracker exits once it sees its parent gone: allow it a moment.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.1)
+    assert not [_cmdline(pid) for pid in children if _alive(pid)]
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "signal" and s["env_steps"] > 0
