@@ -93,6 +93,15 @@ def test_signal_stops_every_process_and_writes_summary(sig, tmp_path):
     proc = subprocess.Popen(RUN + ["--platform=local_mp", "--stop_at_return=none",
                                    "--total_env_steps=100000000", f"--logdir={tmp_path}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _interrupt_and_check(proc, sig, tmp_path)
+    finally:
+        if proc.poll() is None:  # Failed before the signal: never leave a training run behind.
+            proc.kill()
+            proc.communicate()
+
+
+def _interrupt_and_check(proc, sig, tmp_path):
     deadline = time.monotonic() + 60
     children = []
     while time.monotonic() < deadline and len(children) < 3:  # learner + 2 env workers
