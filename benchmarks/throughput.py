@@ -5,7 +5,7 @@
   (c) impala:     the full IMPALA pipeline (inference + learner)
 
 Usage: python benchmarks/throughput.py [--env CartPole-v1] [--num_actors 2]
-       [--envs_per_actor 16] [--env_steps 200000]
+       [--envs_per_actor 32] [--env_steps 200000]
 Prints a table, then one JSON object with every figure as the last line.
 """
 
@@ -68,7 +68,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--num_actors", type=int, default=2)
-    p.add_argument("--envs_per_actor", type=int, default=16)
+    p.add_argument("--envs_per_actor", type=int, default=32)
     p.add_argument("--env_steps", type=int, default=300_000)
     p.add_argument("--env_seconds", type=float, default=3.0)
     p.add_argument("--platforms", default="local_mt,local_mp")
