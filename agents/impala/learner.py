@@ -109,7 +109,8 @@ class Learner:
         def init(key: jax.Array) -> TrainingState:
             init_key, state_key = jax.random.split(key)
             params = networks.init(init_key)
-            return TrainingState(params, optimizer.init(params), state_key, jnp.zeros((), jnp.int32))
+            step = jnp.zeros((), jnp.int32)
+            return TrainingState(params, optimizer.init(params), state_key, step)
 
         # One compiled init instead of many small eager ops: seconds faster at start-up.
         self._state = jax.jit(init, out_shardings=replicated)(key)
