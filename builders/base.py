@@ -17,6 +17,12 @@ import numpy as np
 from envs.specs import EnvSpec
 
 
+def require(condition: bool, message: str) -> None:
+    """Config validation: raises ValueError(message) unless `condition` holds."""
+    if not condition:
+        raise ValueError(message)
+
+
 @dataclasses.dataclass(frozen=True)
 class ArraySpec:
     shape: tuple[int, ...]
@@ -87,18 +93,17 @@ class ExperimentConfig:
     learn: bool = True
 
     def __post_init__(self):
-        def check(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"ExperimentConfig: {message}")
-
-        check(self.num_actors >= 1, f"num_actors must be >= 1, got {self.num_actors}")
-        check(self.envs_per_actor >= 1, f"envs_per_actor must be >= 1, got {self.envs_per_actor}")
-        check(self.total_env_steps >= 1, f"total_env_steps must be >= 1, got "
-              f"{self.total_env_steps}")
-        check(self.return_window >= 1, f"return_window must be >= 1, got {self.return_window}")
-        check(self.inference_timeout_ms >= 0, "inference_timeout_ms must be >= 0, got "
-              f"{self.inference_timeout_ms}")
-        check(self.log_every_s > 0, f"log_every_s must be > 0, got {self.log_every_s}")
+        name = "ExperimentConfig"
+        require(self.num_actors >= 1, f"{name}: num_actors must be >= 1, got {self.num_actors}")
+        require(self.envs_per_actor >= 1,
+                f"{name}: envs_per_actor must be >= 1, got {self.envs_per_actor}")
+        require(self.total_env_steps >= 1,
+                f"{name}: total_env_steps must be >= 1, got {self.total_env_steps}")
+        require(self.return_window >= 1,
+                f"{name}: return_window must be >= 1, got {self.return_window}")
+        require(self.inference_timeout_ms >= 0,
+                f"{name}: inference_timeout_ms must be >= 0, got {self.inference_timeout_ms}")
+        require(self.log_every_s > 0, f"{name}: log_every_s must be > 0, got {self.log_every_s}")
 
     @property
     def num_envs(self) -> int:

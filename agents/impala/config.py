@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from builders.base import require
+
 
 @dataclasses.dataclass(frozen=True)
 class ImpalaConfig:
@@ -36,8 +38,7 @@ class ImpalaConfig:
 
     def __post_init__(self):
         def check(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"ImpalaConfig: {message}")
+            require(ok, f"ImpalaConfig: {message}")
 
         check(self.unroll_length >= 1, f"unroll_length must be >= 1, got {self.unroll_length}")
         check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
@@ -47,8 +48,8 @@ class ImpalaConfig:
             f"hidden_sizes must be positive, got {self.hidden_sizes}",
         )
         check(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
-        check(0.0 <= self.vtrace_lambda <= 1.0, f"vtrace_lambda must be in [0, 1], got "
-              f"{self.vtrace_lambda}")
+        check(0.0 <= self.vtrace_lambda <= 1.0,
+              f"vtrace_lambda must be in [0, 1], got {self.vtrace_lambda}")
         for name in ("baseline_cost", "entropy_cost", "clip_rho_threshold",
                      "clip_pg_rho_threshold", "max_grad_norm", "adam_eps"):
             value = getattr(self, name)
