@@ -11,7 +11,7 @@ def _fmt_return(stats: dict[str, Any]) -> str:
     mean = stats.get("mean_return")
     if mean is None:
         return "-"
-    return f"{mean:.1f} (last {stats.get('returns_in_window', 0)})"
+    return f"{mean:.1f} ({stats.get('returns_in_window', 0)} ep)"
 
 
 def describe(stats: dict[str, Any], total_env_steps: int) -> str:
@@ -54,9 +54,8 @@ class Progress:
             from rich.console import Console
 
             self._bar = progress.Progress(
-                progress.TextColumn("env steps"),
-                progress.BarColumn(),
-                progress.MofNCompleteColumn(),
+                progress.BarColumn(bar_width=16),
+                progress.TaskProgressColumn(),
                 progress.TimeElapsedColumn(),
                 progress.TextColumn("ETA"),
                 progress.TimeRemainingColumn(),
@@ -71,8 +70,8 @@ class Progress:
             return
         elapsed = time.monotonic() - self._start
         if self._bar is not None:
-            info = (f"{stats.get('env_steps_per_s', 0.0):,.0f} steps/s | "
-                    f"return {_fmt_return(stats)}")
+            rate = stats.get("env_steps_per_s", 0.0)
+            info = f"{stats.get('env_steps', 0):,d} steps {rate:,.0f}/s return {_fmt_return(stats)}"
             self._bar.update(self._task, completed=stats.get("env_steps", 0), info=info)
         elif elapsed - self._last_plain >= self._plain_every_s:
             self._last_plain = elapsed
