@@ -46,7 +46,7 @@ class Progress:
         self._quiet = quiet
         self._stream = stream or sys.stdout
         self._plain_every_s = plain_every_s
-        self._last_plain = 0.0
+        self._last_plain = -float("inf")  # The first stats are shown at once.
         self._start = time.monotonic()
         self._bar = None
         if not quiet and self._stream.isatty():

@@ -34,6 +34,7 @@ def test_impala_learns_cartpole(platform, tmp_path):
     # Far above random after 80k steps (a solved policy scores 500).
     assert s["mean_return_last_100"] > 4 * RANDOM_CARTPOLE_RETURN, s
     assert "summary: " in out.stdout and str(tmp_path) in out.stdout
+    assert "steps/s" in out.stdout.splitlines()[0]  # Plain progress lines when not a TTY.
 
 
 @pytest.mark.slow
