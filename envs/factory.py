@@ -85,8 +85,13 @@ class EnvFactory:
         return envs
 
     def spec(self) -> EnvSpec:
-        env = self.make()
+        """Spec of one env as the env workers see it (through `make_vector`).
+
+        Vectorised implementations may preprocess (ALE's gives stacked 84x84 grey frames),
+        so the spec comes from the vector env's single-env spaces, not from `gym.make`.
+        """
+        envs = self.make_vector(1, seed=0)
         try:
-            return spec_from_spaces(env.observation_space, env.action_space)
+            return spec_from_spaces(envs.single_observation_space, envs.single_action_space)
         finally:
-            env.close()
+            envs.close()

@@ -59,3 +59,18 @@ def test_worker_marks_first_steps_after_autoreset(env_id):
         for c in calls:
             for r, n in c["episodes"]:
                 assert r == n
+
+
+def test_atari_pixels_through_the_conv_torso():
+    """ALE ids work when ale-py is installed (pip install -e '.[atari]')."""
+    pytest.importorskip("ale_py")
+    import jax
+
+    from agents.impala import ImpalaBuilder, ImpalaConfig
+
+    spec = EnvFactory("ALE/Pong-v5").spec()
+    assert spec.observation_shape == (4, 84, 84) and spec.observation_dtype == "uint8"
+    networks = ImpalaBuilder(ImpalaConfig()).make_networks(spec)
+    params = networks.init(jax.random.PRNGKey(0))
+    logits, values = networks.apply(params, spec.zeros_observation((2, 3)))
+    assert logits.shape == (2, 3, spec.num_actions) and values.shape == (2, 3)

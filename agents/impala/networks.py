@@ -24,14 +24,17 @@ class MLPTorso(nn.Module):
 
 
 class ConvTorso(nn.Module):
-    """The small DQN-style conv torso for [H, W, C] uint8 frames."""
+    """The small DQN-style conv torso for uint8 frames, [H, W, C] or [C, H, W]."""
 
+    channels_first: bool = False
     hidden_size: int = 256
 
     @nn.compact
-    def __call__(self, x):  # [..., H, W, C]
+    def __call__(self, x):  # [..., H, W, C] or [..., C, H, W]
         batch_shape = x.shape[:-3]
         x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32) / 255.0
+        if self.channels_first:
+            x = jnp.moveaxis(x, 1, -1)
         x = nn.relu(nn.Conv(16, (8, 8), strides=(4, 4))(x))
         x = nn.relu(nn.Conv(32, (4, 4), strides=(2, 2))(x))
         x = x.reshape((x.shape[0], -1))
@@ -62,7 +65,12 @@ class ImpalaNetworks:
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> ImpalaNetworks:
     if not spec.discrete:
         raise ValueError("IMPALA here handles discrete actions; use --agent=sac or ppo for Box.")
-    torso = ConvTorso() if spec.pixels else MLPTorso(tuple(hidden_sizes))
+    if spec.pixels:
+        # Frames are wider than deep: ALE's vector env stacks [4, 84, 84], wrappers give HWC.
+        channels_first = spec.observation_shape[0] < spec.observation_shape[-1]
+        torso = ConvTorso(channels_first=channels_first)
+    else:
+        torso = MLPTorso(tuple(hidden_sizes))
     net = PolicyValueNet(spec.num_actions, torso)
     dummy = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
     return ImpalaNetworks(init=lambda key: net.init(key, dummy), apply=net.apply)
