@@ -1,1 +1,61 @@
-"""Replay tables with Reverb semantics (native backend by default, dm-reverb optional)."""
+"""Replay tables with Reverb semantics (native backend by default, dm-reverb optional).
+
+Specs (`TableSpec`, selectors, rate limiters, `ArraySpec`) are backend-independent; the native
+backend (`NativeClient`, `Table`) serves them in-process with Reverb's sampling, removal and
+rate-limiting semantics. Importing this package needs only numpy.
+"""
+
+from reverb_tables.client import BACKENDS, make_client, reverb_available
+from reverb_tables.errors import (
+    RateLimiterTimeout,
+    SignatureError,
+    TableClosedError,
+    UnknownTableError,
+)
+from reverb_tables.native import NativeClient, Table
+from reverb_tables.spec import (
+    ArraySpec,
+    Fifo,
+    Lifo,
+    MaxHeap,
+    MinHeap,
+    MinSize,
+    Prioritized,
+    Queue,
+    RateLimiter,
+    RateLimiterSpec,
+    SampleToInsertRatio,
+    Selector,
+    Stack,
+    TableSpec,
+    Uniform,
+)
+from reverb_tables.types import SampleBatch
+
+__all__ = [
+    "BACKENDS",
+    "ArraySpec",
+    "Fifo",
+    "Lifo",
+    "MaxHeap",
+    "MinHeap",
+    "MinSize",
+    "NativeClient",
+    "Prioritized",
+    "Queue",
+    "RateLimiter",
+    "RateLimiterSpec",
+    "RateLimiterTimeout",
+    "SampleBatch",
+    "SampleToInsertRatio",
+    "Selector",
+    "SignatureError",
+    "Stack",
+    "Table",
+    "TableClosedError",
+    "TableSpec",
+    "Uniform",
+    "UnknownTableError",
+    "make_client",
+    "reverb_available",
+]
