@@ -91,7 +91,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=2.0, help="per operation and case")
     p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_size", type=int, default=20_000)
+    p.add_argument("--max_size", type=int, default=5_000,
+                   help="table capacity (the native backend preallocates it: Atari items are "
+                        "564 KB each)")
     p.add_argument("--backends", default=None, help="comma list; default: all installed")
     args = p.parse_args()
     backends = (args.backends.split(",") if args.backends else
