@@ -19,6 +19,7 @@ import json
 import time
 
 import numpy as np
+from common import rounded
 
 import launch
 from reverb_tables import spec as S
@@ -113,13 +114,8 @@ def main() -> None:
           f"{'sampled items/s':>17}")
     for b, i, m, t, ins, smp in rows:
         print(f"{b:<8}{i:<10}{m:<13}{t:<13}{ins:>11,.0f}{smp:>17,.0f}")
-    print(json.dumps(_rounded(results)))
+    print(json.dumps(rounded(results)))
 
-
-def _rounded(value):
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return round(value, 1) if isinstance(value, float) else value
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import json
 import platform
 import time
 
+from common import cpu_count, rounded
+
 import launch
 from agents.impala import ImpalaBuilder, ImpalaConfig
 from builders import ExperimentConfig, make_program
@@ -79,7 +81,7 @@ def main() -> None:
         "env": args.env,
         "num_actors": args.num_actors,
         "envs_per_actor": args.envs_per_actor,
-        "machine": f"{platform.machine()}, {_cpu_count()} cores",
+        "machine": f"{platform.machine()}, {cpu_count()} cores",
         "env_only_steps_per_s": env_only(factory, args.envs_per_actor, args.env_seconds),
     }
     for name in args.platforms.split(","):
@@ -96,19 +98,9 @@ def main() -> None:
             r = results[f"{name}/{stage}"]
             row = f"{label}, {name}"
             print(f"{row:<28}{r['env_steps_per_s']:>14,.0f}{r['learner_steps_per_s']:>18,.1f}")
-    print(json.dumps(_rounded(results)))
+    print(json.dumps(rounded(results)))
 
 
-def _rounded(value):
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return round(value, 1) if isinstance(value, float) else value
-
-
-def _cpu_count() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 if __name__ == "__main__":
