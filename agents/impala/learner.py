@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
-import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from agents import common
+from agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
 from agents.impala.config import ImpalaConfig
 from agents.impala.losses import impala_loss
 from agents.impala.networks import ImpalaNetworks
 
-Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
-
-
-@flax.struct.dataclass
-class TrainingState:
-    params: dict
-    opt_state: optax.OptState
-    key: jax.Array
-    step: jax.Array
-
 
 def make_optimizer(config: ImpalaConfig) -> optax.GradientTransformation:
-    return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adam(config.learning_rate, eps=config.adam_eps),
-    )
+    return common.make_optimizer(config.learning_rate, config.max_grad_norm, config.adam_eps)
 
 
 def make_update(
@@ -80,13 +66,8 @@ def make_update(
     return update
 
 
-class Learner:
-    """Host shell: owns the state, places it on a device mesh and runs the jitted update.
-
-    Data parallel over `devices` (default: all local devices): the batch axis of every leaf
-    is sharded over the mesh axis "data", params and optimizer state are replicated, and
-    XLA inserts the gradient all-reduce.
-    """
+class Learner(DataParallelLearner):
+    """Host shell: the IMPALA update on a device mesh (see agents.common.DataParallelLearner)."""
 
     def __init__(
         self,
@@ -95,42 +76,11 @@ class Learner:
         key: jax.Array,
         devices: Sequence[jax.Device] | None = None,
     ):
-        devices = list(devices if devices is not None else jax.local_devices())
-        if config.batch_size % len(devices):
-            raise ValueError(
-                f"batch_size={config.batch_size} must be divisible by the number of learner "
-                f"devices ({len(devices)}) to shard the batch evenly."
-            )
-        mesh = Mesh(np.array(devices), ("data",))
-        replicated = NamedSharding(mesh, PartitionSpec())
-        self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, "data"))
         optimizer = make_optimizer(config)
-
-        def init(key: jax.Array) -> TrainingState:
-            init_key, state_key = jax.random.split(key)
-            params = networks.init(init_key)
-            step = jnp.zeros((), jnp.int32)
-            return TrainingState(params, optimizer.init(params), state_key, step)
-
-        # One compiled init instead of many small eager ops: seconds faster at start-up.
-        self._state = jax.jit(init, out_shardings=replicated)(key)
-        self._update = jax.jit(
-            make_update(networks, optimizer, config),
-            in_shardings=(replicated, self._batch_sharding),
-            # No donation: inference may still be reading the params published last step.
-            out_shardings=(replicated, replicated),
+        super().__init__(
+            init=functools.partial(init_training_state, networks.init, optimizer),
+            make_update=lambda mesh: make_update(networks, optimizer, config),
+            key=key,
+            batch_size=config.batch_size,
+            devices=devices,
         )
-
-    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
-        """One SGD step on a host batch; returns the metrics as device scalars."""
-        batch = jax.device_put(dict(batch), self._batch_sharding)
-        self._state, metrics = self._update(self._state, batch)
-        return metrics
-
-    @property
-    def params(self):
-        return self._state.params
-
-    @property
-    def state(self) -> TrainingState:
-        return self._state
