@@ -10,6 +10,7 @@ from typing import Any
 
 AGENTS = {
     "impala": "agents.impala",
+    "ppo": "agents.ppo",
 }
 
 

@@ -1,0 +1,10 @@
+"""PPO (Schulman et al., 2017) with GAE, SEED-style central inference."""
+
+from agents.ppo.builder import PPOBuilder
+from agents.ppo.config import PPOConfig
+
+# The names agents/registry.py looks up.
+Builder = PPOBuilder
+Config = PPOConfig
+
+__all__ = ["Builder", "Config", "PPOBuilder", "PPOConfig"]

@@ -1,0 +1,65 @@
+"""PPO builder: the one place that wires networks, policy, learner and queue spec."""
+
+from __future__ import annotations
+
+import jax
+
+from agents.ppo.config import PPOConfig
+from agents.ppo.learner import Learner
+from agents.ppo.networks import PPONetworks, make_networks
+from builders.base import ArraySpec, QueueSpec
+from envs.specs import EnvSpec
+
+
+class PPOBuilder:
+    """Builder for PPO; acting is SEED-style through the central inference server.
+
+    PPO is on-policy: the learner's bounded queue (`max_queue_size` batches) keeps the data
+    at most a few updates old, and the clipped ratio against the recorded behaviour
+    log-probability keeps what lag there is harmless.
+    """
+
+    def __init__(self, config: PPOConfig):
+        self.config = config
+
+    def queue_spec(self) -> QueueSpec:
+        c = self.config
+        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+
+    def make_networks(self, spec: EnvSpec) -> PPONetworks:
+        return make_networks(spec, self.config.hidden_sizes)
+
+    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
+        """What the inference server records per step beside the action.
+
+        The behaviour log-probability (for the ratio) and value (for GAE and value
+        clipping); for Gaussian policies also the unclipped sample, which the
+        log-probability refers to (the env gets it clipped to its bounds).
+        """
+        extras = {"log_prob": ArraySpec((), "float32"), "value": ArraySpec((), "float32")}
+        if not spec.discrete:
+            extras["raw_action"] = ArraySpec(spec.action_shape, "float32")
+        return extras
+
+    def make_policy(self, networks: PPONetworks, evaluation: bool = False):
+        """`policy(params, key, obs[N, ...]) -> (actions[N, ...], extras)`; the
+        distribution's mode when evaluating."""
+        distribution = networks.distribution
+
+        def policy(params, key, obs):
+            dist_params, value = networks.apply(params, obs)
+            if evaluation:
+                action = learn_action = distribution.mode(dist_params)
+            else:
+                action, learn_action = distribution.sample(key, dist_params)
+            extras = {"log_prob": distribution.log_prob(dist_params, learn_action),
+                      "value": value}
+            if distribution.learn_field != "action":
+                extras[distribution.learn_field] = learn_action
+            return action, extras
+
+        return policy
+
+    def make_learner(self, networks: PPONetworks, spec: EnvSpec, key: jax.Array) -> Learner:
+        del spec  # The networks already know the shapes.
+        return Learner(networks, self.config, key)

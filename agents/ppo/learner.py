@@ -1,0 +1,157 @@
+"""PPO learner: a pure, jitted update (GAE, then epochs of minibatch SGD) and a thin host
+shell that runs it data-parallel."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from agents import common
+from agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
+from agents.ppo.config import PPOConfig
+from agents.ppo.losses import generalized_advantage_estimation, ppo_loss, transition_discounts
+from agents.ppo.networks import PPONetworks
+
+
+def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+    return common.make_optimizer(config.learning_rate, config.max_grad_norm, config.adam_eps)
+
+
+def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch) -> dict:
+    """Flat transitions [T * B, ...] with their GAE advantages and returns.
+
+    Advantages use the values recorded when acting (the behaviour policy's critic, as in
+    the PPO paper's rollouts), so they are computed once per batch, before any SGD step.
+
+    Args:
+      networks: for the distribution's `learn_field` (which batch field holds the action
+        that `log_prob` was recorded for).
+      config: discount and GAE lambda.
+      batch: what the inference server recorded per step, time-major [T + 1, B, ...]:
+        `obs`, `first`, `reward`, `terminated`, `truncated` (how each observation was
+        reached), the action and the extras `log_prob` and `value` of the policy there.
+    """
+    discount_t, lambda_t, mask = jax.vmap(
+        functools.partial(transition_discounts, discount=config.discount,
+                          lambda_=config.gae_lambda),
+        in_axes=1, out_axes=1,
+    )(batch["first"][1:], batch["terminated"][1:], batch["truncated"][1:])  # [T, B] each
+    values = batch["value"].astype(jnp.float32)  # [T+1, B]
+    advantages = jax.vmap(generalized_advantage_estimation, in_axes=1, out_axes=1)(
+        batch["reward"][1:].astype(jnp.float32), discount_t, lambda_t, values
+    ) * mask  # [T, B]
+    transitions = {
+        "obs": batch["obs"][:-1],
+        "action": batch[networks.distribution.learn_field][:-1],
+        "behaviour_log_prob": batch["log_prob"][:-1],
+        "behaviour_value": values[:-1],
+        "advantage": advantages,
+        "return": advantages + values[:-1],
+        "mask": mask,
+    }
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
+
+
+def make_update(
+    networks: PPONetworks,
+    optimizer: optax.GradientTransformation,
+    config: PPOConfig,
+    mesh: Mesh | None = None,
+) -> Callable[[TrainingState, Batch], tuple[TrainingState, dict]]:
+    """Returns the pure `update(state, batch) -> (state, metrics)`.
+
+    One update is PPO's whole optimisation phase on one batch of unrolls: GAE, then
+    `num_epochs` passes over a fresh permutation of the T * B transitions in
+    `num_minibatches` minibatches, one Adam step each. Metrics are means over those steps.
+
+    Args:
+      networks, optimizer, config: the agent's.
+      mesh: when given, each minibatch is sharded over its "data" axis, so the SGD steps run
+        data-parallel after the (global) shuffle; the math is the same with any device count.
+    """
+    loss_fn = functools.partial(
+        ppo_loss,
+        clip_epsilon=config.clip_epsilon,
+        value_cost=config.value_cost,
+        entropy_cost=config.entropy_cost,
+        value_clip_epsilon=config.value_clip_epsilon,
+        normalize_advantages=config.normalize_advantages,
+    )
+    distribution = networks.distribution
+    num_minibatches, num_transitions = config.num_minibatches, config.num_transitions
+
+    def minibatch_loss(params, mb: dict):
+        dist_params, values = networks.apply(params, mb["obs"])  # [N, ...], [N]
+        return loss_fn(
+            distribution.log_prob(dist_params, mb["action"]),
+            mb["behaviour_log_prob"],
+            distribution.entropy(dist_params),
+            values,
+            mb["behaviour_value"],
+            mb["advantage"],
+            mb["return"],
+            mb["mask"],
+        )
+
+    def sgd_step(carry, mb: dict):
+        params, opt_state = carry
+        (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(params, mb)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+
+    def shard(x):
+        if mesh is None:
+            return x
+        spec = PartitionSpec(None, "data")  # [M, N / M, ...]: each minibatch split.
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def epoch(transitions: dict, carry, key: jax.Array):
+        order = jax.random.permutation(key, num_transitions)
+        minibatches = jax.tree.map(
+            lambda x: shard(x[order].reshape((num_minibatches, -1) + x.shape[1:])), transitions
+        )
+        return jax.lax.scan(sgd_step, carry, minibatches)
+
+    def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
+        transitions = make_transitions(networks, config, batch)
+        keys = jax.random.split(state.key, config.num_epochs + 1)
+        (params, opt_state), metrics = jax.lax.scan(
+            functools.partial(epoch, transitions), (state.params, state.opt_state), keys[1:]
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        return TrainingState(params, opt_state, keys[0], state.step + 1), metrics
+
+    return update
+
+
+class Learner(DataParallelLearner):
+    """Host shell: the PPO update on a device mesh (see agents.common.DataParallelLearner)."""
+
+    def __init__(
+        self,
+        networks: PPONetworks,
+        config: PPOConfig,
+        key: jax.Array,
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        num_devices = len(devices if devices is not None else jax.local_devices())
+        if config.minibatch_size % num_devices:
+            raise ValueError(
+                f"PPO minibatches of {config.minibatch_size} transitions (unroll_length * "
+                f"batch_size / num_minibatches) must divide over the {num_devices} learner "
+                "devices; change num_minibatches or batch_size."
+            )
+        optimizer = make_optimizer(config)
+        super().__init__(
+            init=functools.partial(init_training_state, networks.init, optimizer),
+            make_update=lambda mesh: make_update(networks, optimizer, config, mesh),
+            key=key,
+            batch_size=config.batch_size,
+            devices=devices,
+        )

@@ -1,0 +1,160 @@
+"""PPO networks: separate policy and value torsos, and the action distribution.
+
+Discrete actions get a categorical policy (logits); continuous (Box) actions a diagonal
+Gaussian with a learned, state-independent log standard deviation (Schulman et al., 2017,
+Section 6.1). The distributions are written out here (a few lines each, checked against
+distrax in tests/test_ppo_losses.py) so the agent needs no dependency beyond the core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from agents.common import make_torso
+from envs.specs import EnvSpec
+
+DistParams = Any  # logits [..., A], or (mean, log_std) each [..., D].
+
+
+class ActionDistribution(Protocol):
+    """The policy's distribution, as pure functions of the network's `DistParams`.
+
+    `learn_field` names the batch field the learner evaluates log-probabilities on: the
+    action itself, or (Gaussian) the unclipped sample recorded as an extra, because the env
+    receives the sample clipped to its bounds.
+    """
+
+    learn_field: str
+
+    def sample(self, key: jax.Array, params: DistParams) -> tuple[jax.Array, jax.Array]:
+        """(action for the env, action the log-probability refers to)."""
+        ...
+
+    def mode(self, params: DistParams) -> jax.Array: ...
+
+    def log_prob(self, params: DistParams, action: jax.Array) -> jax.Array: ...
+
+    def entropy(self, params: DistParams) -> jax.Array: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Categorical:
+    """Categorical over `num_actions` from logits [..., A]."""
+
+    learn_field: str = "action"
+
+    def sample(self, key, logits):
+        action = jax.random.categorical(key, logits).astype(jnp.int32)
+        return action, action
+
+    def mode(self, logits):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def log_prob(self, logits, action):
+        log_pi = jax.nn.log_softmax(logits)
+        return jnp.take_along_axis(log_pi, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+    def entropy(self, logits):
+        log_pi = jax.nn.log_softmax(logits)
+        return -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagonalGaussian:
+    """Diagonal Gaussian from (mean, log_std), each [..., D]; env actions clipped to bounds."""
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    learn_field: str = "raw_action"
+
+    def sample(self, key, params):
+        mean, log_std = params
+        raw = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+        return self._clip(raw), raw
+
+    def mode(self, params):
+        return self._clip(params[0])
+
+    def log_prob(self, params, action):
+        mean, log_std = params
+        z = (action - mean) * jnp.exp(-log_std)
+        return -jnp.sum(0.5 * jnp.square(z) + log_std + 0.5 * math.log(2 * math.pi), axis=-1)
+
+    def entropy(self, params):
+        _, log_std = params
+        return jnp.sum(log_std + 0.5 * math.log(2 * math.pi * math.e), axis=-1)
+
+    def _clip(self, action):
+        return jnp.clip(action, jnp.asarray(self.low), jnp.asarray(self.high))
+
+
+class ActorCritic(nn.Module):
+    """Policy head on one torso, value head on another (no shared features to fight over)."""
+
+    policy_torso: nn.Module
+    value_torso: nn.Module
+    num_outputs: int
+    gaussian: bool
+
+    @nn.compact
+    def __call__(self, obs):
+        # Small policy init: actions start near uniform (or mean 0), as in the PPO paper's
+        # code; the value head starts at unit scale.
+        out = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01))(
+            self.policy_torso(obs)
+        )
+        if self.gaussian:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
+            out = (out, jnp.broadcast_to(log_std, out.shape))
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(
+            self.value_torso(obs)
+        )[..., 0]
+        return out, value
+
+
+@dataclasses.dataclass(frozen=True)
+class PPONetworks:
+    """Pure functions: `init(key) -> params`, `apply(params, obs) -> (dist_params, value)`,
+    and the action distribution over `dist_params`."""
+
+    init: Callable[[jax.Array], dict]
+    apply: Callable[[dict, jax.Array], tuple[DistParams, jax.Array]]
+    distribution: ActionDistribution
+
+
+def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> PPONetworks:
+    """Categorical policy for Discrete actions, diagonal Gaussian for 1-D Box actions.
+
+    Raises:
+      ValueError: Box actions of rank other than 1, or without finite bounds.
+    """
+    if spec.discrete:
+        num_outputs, distribution = spec.num_actions, Categorical()
+    else:
+        if len(spec.action_shape) != 1:
+            raise ValueError(f"PPO handles flat Box actions, got shape {spec.action_shape}.")
+        bounds = (spec.action_low or ()) + (spec.action_high or ())
+        if not bounds or not all(math.isfinite(b) for b in bounds):
+            raise ValueError(
+                f"PPO clips Gaussian actions to the env's bounds; got low={spec.action_low}, "
+                f"high={spec.action_high}. Wrap the env to give finite bounds."
+            )
+        num_outputs = spec.action_shape[0]
+        distribution = DiagonalGaussian(spec.action_low, spec.action_high)
+    net = ActorCritic(
+        policy_torso=make_torso(spec, hidden_sizes),
+        value_torso=make_torso(spec, hidden_sizes),
+        num_outputs=num_outputs,
+        gaussian=not spec.discrete,
+    )
+    dummy = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    return PPONetworks(
+        init=lambda key: net.init(key, dummy), apply=net.apply, distribution=distribution
+    )
