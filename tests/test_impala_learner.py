@@ -1,12 +1,10 @@
 """IMPALA learner: the update runs data-parallel and matches the single-device result."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
+
+from tests.multidevice import run_with_cpu_devices
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -44,11 +42,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_two_devices_match_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                         env=env, timeout=120, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_with_cpu_devices(SCRIPT, num_devices=2)
     one, two = result["1"], result["2"]
     assert two["shards"] == 2  # Params replicated on both devices, batch split over them.
     for a, b in zip(one["params"], two["params"], strict=True):
