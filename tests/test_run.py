@@ -1,4 +1,4 @@
-"""launch/run.py end to end: IMPALA learns on each platform; bad input; Ctrl-C."""
+"""launch/run.py end to end: each agent learns on each platform; bad input; Ctrl-C."""
 
 import json
 import os
@@ -12,6 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
 RANDOM_CARTPOLE_RETURN = 22.0  # Mean return of a uniform random policy on CartPole-v1.
+AGENTS = ["impala", "ppo"]  # Those that solve CartPole with run.py's defaults.
 
 
 def run(args, timeout=300):
@@ -24,9 +25,10 @@ def summary(logdir):
 
 
 @pytest.mark.parametrize("platform", ["local_mt", "local_mp"])
-def test_impala_learns_cartpole(platform, tmp_path):
-    out = run([f"--platform={platform}", "--total_env_steps=80000", "--stop_at_return=none",
-               f"--logdir={tmp_path}"])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_learns_cartpole(agent, platform, tmp_path):
+    out = run([f"--agent={agent}", f"--platform={platform}", "--total_env_steps=80000",
+               "--stop_at_return=none", f"--logdir={tmp_path}"])
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)
     assert s["stopped_by"] == "budget" and s["env_steps"] >= 80000
@@ -39,18 +41,30 @@ def test_impala_learns_cartpole(platform, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("platform", ["local_mt", "local_mp"])
-def test_impala_solves_cartpole(platform, tmp_path):
-    out = run([f"--platform={platform}", "--stop_at_return=450", "--total_env_steps=2000000",
-               f"--logdir={tmp_path}"], timeout=600)
+@pytest.mark.parametrize("agent", AGENTS)
+def test_solves_cartpole(agent, platform, tmp_path):
+    out = run([f"--agent={agent}", f"--platform={platform}", "--stop_at_return=450",
+               "--total_env_steps=2000000", f"--logdir={tmp_path}"], timeout=600)
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)
     assert s["stopped_by"] == "return_target" and s["mean_return_last_100"] >= 450
 
 
+def test_ppo_gaussian_policy_runs_pendulum(tmp_path):
+    """Continuous actions end to end: Box actions through inference, env workers, learner."""
+    out = run(["--agent=ppo", "--platform=local_mt", "--env=Pendulum-v1",
+               "--total_env_steps=30000", "--stop_at_return=none", f"--logdir={tmp_path}"])
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "budget" and s["learner_steps"] > 10 and s["episodes"] >= 100
+    # Pendulum's returns lie in [-16.3 * 200, 0]; a broken action path gives NaN or None.
+    assert -3300 < s["mean_return_last_100"] <= 0, s
+
+
 @pytest.mark.parametrize(
     "flag,expected",
     [
-        ("--agent=dqnx", "invalid choice: 'dqnx' (choose from 'impala')"),
+        ("--agent=dqnx", "invalid choice: 'dqnx' (choose from 'impala', 'ppo')"),
         ("--platform=cloud", "invalid choice: 'cloud' (choose from 'local_mt', 'local_mp')"),
         ("--env=CartPole-v7", "unknown env 'CartPole-v7'"),
         ("--num_actors=0", "num_actors must be >= 1, got 0"),
