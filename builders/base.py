@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from envs.specs import EnvSpec
+from reverb_tables import BACKENDS as REPLAY_BACKENDS
 
 
 def require(condition: bool, message: str) -> None:
@@ -74,6 +75,9 @@ class Builder(Protocol):
     def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array) -> Learner: ...
 
 
+UNROLL_QUEUES = ("local", "replay")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """Agent-independent settings of one run."""
@@ -91,6 +95,11 @@ class ExperimentConfig:
     log_every_s: float = 1.0
     # False: act and drain unrolls without learning (to measure acting throughput alone).
     learn: bool = True
+    # Where full unrolls wait for the learner: "local" (an in-process queue; inference is
+    # colocated with the learner) or "replay" (a Queue table on a replay node, the path for
+    # a learner that does not share a process with inference), served by `replay_backend`.
+    unroll_queue: str = "local"
+    replay_backend: str = "native"
 
     def __post_init__(self):
         name = "ExperimentConfig"
@@ -104,6 +113,11 @@ class ExperimentConfig:
         require(self.inference_timeout_ms >= 0,
                 f"{name}: inference_timeout_ms must be >= 0, got {self.inference_timeout_ms}")
         require(self.log_every_s > 0, f"{name}: log_every_s must be > 0, got {self.log_every_s}")
+        require(self.unroll_queue in UNROLL_QUEUES,
+                f"{name}: unroll_queue must be one of {UNROLL_QUEUES}, got {self.unroll_queue!r}")
+        require(self.replay_backend in REPLAY_BACKENDS,
+                f"{name}: replay_backend must be one of {REPLAY_BACKENDS}, "
+                f"got {self.replay_backend!r}")
 
     @property
     def num_envs(self) -> int:

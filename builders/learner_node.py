@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import math
-import queue
 import threading
 import time
 from typing import Any
@@ -13,9 +12,11 @@ import jax
 import numpy as np
 
 import launch
-from builders.base import Builder, ExperimentConfig
+from builders.base import Builder, ExperimentConfig, QueueSpec
 from builders.inference import InferenceServer, step_specs
+from builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
 from envs.factory import EnvFactory
+from reverb_tables import ReplayClient
 
 
 class UnrollBatcher:
@@ -49,17 +50,25 @@ class LearnerNode:
     RPCs: `step(...)` for env workers (see EnvWorker), `stats()` for progress displays.
     The program stops (via `launch.request_stop`) when the env-step budget or the return
     target is reached; `info` carries the final stats.
+
+    Args:
+      builder, env_factory, config: the agent, its envs and the experiment settings.
+      replay: with `config.unroll_queue == "replay"`, the replay node holding the unroll
+        table (`builders.unroll_queue.unroll_table_spec`); unrolls go through it.
     """
 
-    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig):
+    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
+                 replay: Any = None):
         self._config = config
         spec = env_factory.spec()
         learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
         networks = builder.make_networks(spec)
         self._learner = builder.make_learner(networks, spec, learner_key)
         queue_spec = builder.queue_spec()
-        chunks_per_batch = math.ceil(queue_spec.batch_size / config.envs_per_actor)
-        self._unrolls: queue.Queue = queue.Queue(queue_spec.max_batches * chunks_per_batch)
+        if replay is None:
+            self._unrolls = LocalUnrollQueue(max_unrolls(queue_spec, config))
+        else:
+            self._unrolls = TableUnrollQueue(ReplayClient(replay))
         self._batcher = UnrollBatcher(queue_spec.batch_size)
         self._stop = launch.stop_event()
         self._inference = InferenceServer(
@@ -113,7 +122,7 @@ class LearnerNode:
             env_steps_per_s=self._rate.update(stats["env_steps"]),
             inference_batches=self._inference.batches,
             slot_resets=self._inference.slot_resets,
-            queue_size=self._unrolls.qsize(),
+            queue_size=self._unrolls.size(),
             **self._metrics,
         )
         return stats
@@ -158,21 +167,24 @@ class LearnerNode:
     def _put_unroll(self, chunk: dict[str, np.ndarray]) -> None:
         # Blocks while the learner is behind (bounded policy lag), but never past a stop.
         while not self._stop.is_set():
-            try:
-                self._unrolls.put(chunk, timeout=0.1)
+            if self._unrolls.put(chunk, timeout_s=0.1):
                 return
-            except queue.Full:
-                continue
 
     def _next_batch(self) -> dict[str, np.ndarray] | None:
         batch = self._batcher.pop()
         while batch is None:
-            try:
-                self._batcher.add(self._unrolls.get(timeout=0.05))
-            except queue.Empty:
+            chunk = self._unrolls.get(timeout_s=0.05)
+            if chunk is None:
                 return None
+            self._batcher.add(chunk)
             batch = self._batcher.pop()
         return batch
+
+
+def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
+    """Bound of the unroll queue, in per-worker unrolls [T + 1, K]: `max_batches` batches."""
+    chunks_per_batch = math.ceil(queue_spec.batch_size / config.envs_per_actor)
+    return queue_spec.max_batches * chunks_per_batch
 
 
 class _Rate:

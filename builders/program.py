@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import launch
 from builders.base import Builder, ExperimentConfig
-from builders.learner_node import LearnerNode
+from builders.inference import step_specs
+from builders.learner_node import LearnerNode, max_unrolls
+from builders.unroll_queue import unroll_table_spec
 from envs.factory import EnvFactory
 from envs.worker import EnvWorker
+from reverb_tables import ReplayNode
 
 
 def make_program(
@@ -14,13 +17,27 @@ def make_program(
 ) -> launch.Program:
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
+    With `config.unroll_queue == "replay"` a "replay" node holds the Queue table through
+    which unrolls reach the learner.
+
     Returns:
       The program; its "learner" group holds one node whose handle is the env workers'
       inference server and answers `stats()`.
     """
     program = launch.Program(name)
+    replay = None
+    if config.unroll_queue == "replay":
+        spec = env_factory.spec()
+        queue_spec = builder.queue_spec()
+        table = unroll_table_spec(step_specs(spec, builder.extras_spec(spec)),
+                                  queue_spec.unroll_length, config.envs_per_actor,
+                                  max_unrolls(queue_spec, config))
+        with program.group("replay"):
+            replay = program.add_node(
+                launch.CourierNode(ReplayNode, [table], config.replay_backend, config.seed))
     with program.group("learner"):
-        learner = program.add_node(launch.CourierNode(LearnerNode, builder, env_factory, config))
+        learner = program.add_node(
+            launch.CourierNode(LearnerNode, builder, env_factory, config, replay))
     with program.group("actor"):
         for i in range(config.num_actors):
             seed = config.seed * 10_007 + i + 1  # Distinct per actor, reproducible per run.

@@ -72,6 +72,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="stop once the mean return over the last 100 episodes reaches this; default: "
         "the env's Gymnasium reward_threshold (475 for CartPole-v1); 'none' to disable",
     )
+    p.add_argument("--unroll_queue", default="local", choices=("local", "replay"),
+                   help="how unrolls reach the learner: an in-process queue, or a Queue table "
+                   "on a replay node")
+    p.add_argument("--replay_backend", default="native", choices=("native", "reverb"),
+                   help="replay tables' backend (reverb needs dm-reverb installed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logdir", default=None, help="run directory (default runs/AGENT-ENV-TIME)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -85,6 +90,12 @@ def build(args: argparse.Namespace):
 
     env_factory = EnvFactory(args.env)
     env_factory.validate()
+    if args.replay_backend == "reverb":
+        from reverb_tables import reverb_available
+
+        if not reverb_available():
+            raise ValueError("--replay_backend=reverb needs dm-reverb, which is not installed "
+                             "here (`make test-reverb` builds .venv-reverb with it); use native")
     module = agent_module(args.agent)
     fields = {f.name for f in dataclasses.fields(module.Config)}
     overrides = {}
@@ -107,6 +118,8 @@ def build(args: argparse.Namespace):
         total_env_steps=args.total_env_steps,
         stop_at_return=stop_at_return,
         seed=args.seed,
+        unroll_queue=args.unroll_queue,
+        replay_backend=args.replay_backend,
     )
     return module.Builder(agent_config), env_factory, config, agent_config
 

@@ -13,6 +13,7 @@ from reverb_tables.errors import (
     UnknownTableError,
 )
 from reverb_tables.native import NativeClient, Table
+from reverb_tables.node import ReplayClient, ReplayNode
 from reverb_tables.spec import (
     ArraySpec,
     Fifo,
@@ -46,6 +47,8 @@ __all__ = [
     "RateLimiter",
     "RateLimiterSpec",
     "RateLimiterTimeout",
+    "ReplayClient",
+    "ReplayNode",
     "SampleBatch",
     "SampleToInsertRatio",
     "Selector",

@@ -1,0 +1,86 @@
+"""Where full unrolls wait between the inference server and the learner.
+
+Both queues are bounded (inference blocks while the learner is behind, which bounds policy
+lag instead of dropping data) and both hand out every unroll exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from builders.base import ArraySpec
+from reverb_tables import ArraySpec as TableArraySpec
+from reverb_tables import RateLimiterTimeout, TableSpec
+
+UNROLL_TABLE = "unrolls"
+
+
+class LocalUnrollQueue:
+    """In-process queue: inference and learner share the process, unrolls are not copied."""
+
+    def __init__(self, max_unrolls: int):
+        self._queue: queue.Queue = queue.Queue(max_unrolls)
+
+    def put(self, unroll: dict[str, np.ndarray], timeout_s: float) -> bool:
+        """Adds `unroll`; False if the queue stayed full for `timeout_s`."""
+        try:
+            self._queue.put(unroll, timeout=timeout_s)
+        except queue.Full:
+            return False
+        return True
+
+    def get(self, timeout_s: float) -> dict[str, np.ndarray] | None:
+        """The oldest unroll, or None if none came within `timeout_s`."""
+        try:
+            return self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def size(self) -> int:
+        return self._queue.qsize()
+
+
+def unroll_table_spec(step_specs: Mapping[str, ArraySpec], unroll_length: int,
+                      envs_per_worker: int, max_unrolls: int) -> TableSpec:
+    """A Queue table of unrolls {field: [T + 1, K, ...]}: FIFO, each item sampled once."""
+    signature = {
+        name: TableArraySpec((unroll_length + 1, envs_per_worker) + s.shape, s.dtype)
+        for name, s in step_specs.items()
+    }
+    return TableSpec.queue(UNROLL_TABLE, max_unrolls, signature=signature)
+
+
+class TableUnrollQueue:
+    """Unrolls through a Queue table (`unroll_table_spec`) of a replay node.
+
+    The table's rate limiter gives the bound (inserts wait while it is full) and
+    `max_times_sampled=1` with FIFO removal gives exactly-once delivery, on either replay
+    backend and across processes.
+
+    Args:
+      replay: a replay client (`reverb_tables.ReplayClient` of a node, or an in-process client).
+    """
+
+    def __init__(self, replay: Any):
+        self._replay = replay
+
+    def put(self, unroll: dict[str, np.ndarray], timeout_s: float) -> bool:
+        try:
+            self._replay.insert(unroll, {UNROLL_TABLE: 1.0}, timeout_s=timeout_s)
+        except RateLimiterTimeout:
+            return False
+        return True
+
+    def get(self, timeout_s: float) -> dict[str, np.ndarray] | None:
+        try:
+            batch = self._replay.sample(UNROLL_TABLE, 1, timeout_s=timeout_s)
+        except RateLimiterTimeout:
+            return None
+        return {name: value[0] for name, value in batch.data.items()}
+
+    def size(self) -> int:
+        return int(self._replay.info(UNROLL_TABLE)["size"])

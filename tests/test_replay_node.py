@@ -1,0 +1,81 @@
+"""The replay node across processes: the client API over RPC, errors that keep their type,
+and a clear error (not a hang) when the node's process dies."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import launch
+import reverb_tables as rt
+
+SIGNATURE = {"x": rt.ArraySpec((2,), np.float32)}
+TABLES = [rt.TableSpec.queue("q", 3, signature=SIGNATURE),
+          rt.TableSpec("p", rt.Prioritized(1.0), rt.Fifo(), 10, rt.MinSize(1),
+                       signature=SIGNATURE)]
+
+
+def item(i):
+    return {"x": np.full((2,), i, np.float32)}
+
+
+@pytest.fixture
+def replay():
+    program = launch.Program("replay-node-test")
+    handle = program.add_node(launch.CourierNode(rt.ReplayNode, TABLES, "native", 0),
+                              label="replay")
+    running = launch.launch(program, platform="local_mp", block=False)
+    try:
+        yield rt.ReplayClient(handle.dereference()), handle.dereference(), running
+    finally:
+        running.stop()
+
+
+def test_client_api_over_rpc(replay):
+    client, _, _ = replay
+    assert sorted(client.table_names) == ["p", "q"]
+    keys = [client.insert(item(i), {"q": 1.0, "p": float(i)}) for i in range(3)]
+    batch = client.sample("q", 3)
+    np.testing.assert_array_equal(batch.data["x"][:, 0], [0, 1, 2])
+    assert batch.keys.tolist() == keys
+    assert client.update_priorities("p", {keys[0]: 5.0}) == 1
+    assert client.delete("p", [keys[1]]) == 1
+    info = client.info("p")
+    assert (info["size"], info["num_inserts"]) == (2, 3)
+
+
+def test_errors_keep_their_type_and_partial_samples_are_not_lost(replay):
+    client, _, _ = replay
+    with pytest.raises(rt.SignatureError, match="table 'q'"):
+        client.insert({"x": np.zeros((3,), np.float32)}, {"q": 1.0})
+    with pytest.raises(rt.UnknownTableError, match="unknown table 'nope'"):
+        client.sample("nope", 1)
+    for i in range(3):
+        client.insert(item(i), {"q": 1.0})
+    with pytest.raises(rt.RateLimiterTimeout) as caught:  # The queue is full.
+        client.insert(item(3), {"q": 1.0}, timeout_s=0.05)
+    assert caught.value.operation == "insert"
+    start = time.monotonic()
+    with pytest.raises(rt.RateLimiterTimeout) as caught:
+        client.sample("q", 5, timeout_s=0.2)  # Only 3 items: the 3 taken come back.
+    assert 0.2 <= time.monotonic() - start < 2.0
+    np.testing.assert_array_equal(caught.value.partial.data["x"][:, 0], [0, 1, 2])
+    assert client.info("q")["size"] == 0
+
+
+def test_killed_node_raises_a_clear_error_not_a_hang(replay):
+    client, raw, running = replay
+    pid = raw.pid()
+    pending = raw.futures.sample("q", 1)  # Blocks on the empty queue inside the node.
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="replay"):
+        pending.result(timeout=10)
+    with pytest.raises(ConnectionError, match="replay"):
+        client.sample("q", 1, timeout_s=1.0)
+    assert time.monotonic() - start < 5
+    result = running.wait(timeout=15)
+    assert (result.stopped_by, result.error_node) == ("error", "replay")
