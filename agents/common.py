@@ -136,7 +136,7 @@ class DataParallelLearner:
                 f"devices ({len(devices)}) to shard the batch evenly."
             )
         self.mesh = Mesh(np.array(devices), ("data",))
-        replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         self._state = jax.jit(init, out_shardings=replicated)(key)
         self._update = jax.jit(
@@ -158,4 +158,16 @@ class DataParallelLearner:
 
     @property
     def state(self):
+        """The whole training state (a pytree): what checkpoints save."""
         return self._state
+
+    def restore(self, state) -> None:
+        """Replaces the training state, e.g. with one read from a checkpoint.
+
+        Raises:
+          ValueError: `state` is not structured like this learner's state.
+        """
+        expected, got = jax.tree.structure(self._state), jax.tree.structure(state)
+        if expected != got:
+            raise ValueError(f"cannot restore a learner state shaped {got}; expected {expected}")
+        self._state = jax.device_put(state, self._replicated)

@@ -55,10 +55,22 @@ Policy = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Mapping[str, jax
 
 
 class Learner(Protocol):
+    """What the learner node needs of an agent's learner.
+
+    `state` and `restore` make checkpoints generic: the learner node saves `state` (any
+    pytree, e.g. a `flax.struct.dataclass` of params, optimizer state, RNG key and step) and
+    on resume hands back a pytree of the same structure to `restore`.
+    """
+
     def step(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, Any]: ...
 
     @property
     def params(self) -> Any: ...
+
+    @property
+    def state(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
 
 
 class Builder(Protocol):
@@ -100,6 +112,16 @@ class ExperimentConfig:
     # a learner that does not share a process with inference), served by `replay_backend`.
     unroll_queue: str = "local"
     replay_backend: str = "native"
+    # Checkpoints of the learner state and counters (see builders/checkpointing.py): none
+    # without a directory. `resume_step` names the checkpoint to continue from.
+    checkpoint_dir: str | None = None
+    checkpoint_every_s: float = 60.0
+    keep_checkpoints: int = 3
+    resume_step: int | None = None
+    # Evaluation of the greedy policy on separate envs: `eval_episodes` episodes at the start
+    # and every `eval_every` env steps; 0 turns the evaluator node off.
+    eval_every: int = 0
+    eval_episodes: int = 10
 
     def __post_init__(self):
         name = "ExperimentConfig"
@@ -118,6 +140,15 @@ class ExperimentConfig:
         require(self.replay_backend in REPLAY_BACKENDS,
                 f"{name}: replay_backend must be one of {REPLAY_BACKENDS}, "
                 f"got {self.replay_backend!r}")
+        require(self.checkpoint_every_s > 0,
+                f"{name}: checkpoint_every_s must be > 0, got {self.checkpoint_every_s}")
+        require(self.keep_checkpoints >= 1,
+                f"{name}: keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        require(self.resume_step is None or self.checkpoint_dir is not None,
+                f"{name}: resume_step needs a checkpoint_dir")
+        require(self.eval_every >= 0, f"{name}: eval_every must be >= 0, got {self.eval_every}")
+        require(self.eval_episodes >= 1,
+                f"{name}: eval_episodes must be >= 1, got {self.eval_episodes}")
 
     @property
     def num_envs(self) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 
 import launch
 from builders.base import Builder, ExperimentConfig, QueueSpec
+from builders.checkpointing import Checkpointer
 from builders.inference import InferenceServer, step_specs
 from builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
 from envs.factory import EnvFactory
@@ -47,9 +48,14 @@ class UnrollBatcher:
 class LearnerNode:
     """Service node: central inference for the env workers, and the learner loop in `run()`.
 
-    RPCs: `step(...)` for env workers (see EnvWorker), `stats()` for progress displays.
+    RPCs: `step(...)` for env workers (see EnvWorker), `stats()` for progress displays,
+    `env_steps()`, `get_params()` and `record_evaluation(...)` for the evaluator.
     The program stops (via `launch.request_stop`) when the env-step budget or the return
     target is reached; `info` carries the final stats.
+
+    With `config.checkpoint_dir`, the learner state and the counters are checkpointed every
+    `config.checkpoint_every_s` seconds and when the node stops; with `config.resume_step`,
+    both are restored from that checkpoint first, so counters and returns continue.
 
     Args:
       builder, env_factory, config: the agent, its envs and the experiment settings.
@@ -64,6 +70,14 @@ class LearnerNode:
         learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
         networks = builder.make_networks(spec)
         self._learner = builder.make_learner(networks, spec, learner_key)
+        self._checkpointer = None
+        progress: dict[str, Any] = {}
+        if config.checkpoint_dir is not None:
+            self._checkpointer = Checkpointer(config.checkpoint_dir, config.keep_checkpoints)
+            if config.resume_step is not None:
+                state, progress = self._checkpointer.restore(
+                    self._learner.state, config.resume_step)
+                self._learner.restore(state)
         queue_spec = builder.queue_spec()
         if replay is None:
             self._unrolls = LocalUnrollQueue(max_unrolls(queue_spec, config))
@@ -84,14 +98,21 @@ class LearnerNode:
             timeout_s=config.inference_timeout_ms / 1000.0,
         )
         self._lock = threading.Lock()
-        self._env_steps = 0
-        self._learner_steps = 0
-        self._episodes = 0
         self._returns: collections.deque[float] = collections.deque(maxlen=config.return_window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=config.return_window)
         self._metrics: dict[str, float] = {}
         self._start = time.monotonic()
-        self._rate = _Rate()
+        # Counters carried over from the checkpoint (all zero on a fresh run).
+        self._env_steps = int(progress.get("env_steps", 0))
+        self._learner_steps = int(progress.get("learner_steps", 0))
+        self._episodes = int(progress.get("episodes", 0))
+        self._returns.extend(progress.get("returns", []))
+        self._lengths.extend(progress.get("lengths", []))
+        self._elapsed_before = float(progress.get("elapsed_s", 0.0))
+        self._resumes = int(progress.get("resumes", -1)) + 1 if progress else 0
+        self._rate = _Rate(self._env_steps)
+        self._evaluation: dict[str, Any] | None = None
+        self._last_checkpoint = time.monotonic()
 
     # --- RPCs -------------------------------------------------------------------------
 
@@ -106,6 +127,11 @@ class LearnerNode:
         return self._inference.step(worker_id, run_id, obs, reward, terminated, truncated, first)
 
     def stats(self) -> dict[str, Any]:
+        """Counters, return statistics over the window, the latest learner metrics.
+
+        `elapsed_s` is training time summed over the run's sessions (resumes included);
+        `evaluation` is the latest result of `record_evaluation`, or None.
+        """
         with self._lock:
             returns = list(self._returns)
             lengths = list(self._lengths)
@@ -114,11 +140,15 @@ class LearnerNode:
                 "learner_steps": self._learner_steps,
                 "episodes": self._episodes,
                 "mean_return": float(np.mean(returns)) if returns else None,
+                "min_return": float(np.min(returns)) if returns else None,
+                "max_return": float(np.max(returns)) if returns else None,
                 "returns_in_window": len(returns),
                 "mean_episode_length": float(np.mean(lengths)) if lengths else None,
+                "evaluation": self._evaluation,
             }
         stats.update(
-            elapsed_s=time.monotonic() - self._start,
+            elapsed_s=self._elapsed(),
+            resumes=self._resumes,
             env_steps_per_s=self._rate.update(stats["env_steps"]),
             inference_batches=self._inference.batches,
             slot_resets=self._inference.slot_resets,
@@ -127,10 +157,24 @@ class LearnerNode:
         )
         return stats
 
+    def env_steps(self) -> int:
+        with self._lock:
+            return self._env_steps
+
+    def get_params(self) -> Any:
+        """The current params as host (numpy) arrays, e.g. for an evaluator in another process."""
+        return jax.device_get(self._learner.params)
+
+    def record_evaluation(self, result: dict[str, Any]) -> None:
+        """Keeps an evaluator's latest result; `stats()` reports it."""
+        with self._lock:
+            self._evaluation = dict(result)
+
     # --- Learner loop -----------------------------------------------------------------
 
     def run(self) -> None:
         self._start = time.monotonic()
+        self._last_checkpoint = self._start
         self._inference.start()
         last_log = 0.0
         metrics = None
@@ -138,8 +182,12 @@ class LearnerNode:
             while not self._stop.is_set():
                 reason = self._stop_reason()
                 if reason:
+                    self._save_checkpoint()  # Before the stop request: its info matches it.
                     launch.request_stop(reason, info=self.stats())
                     return
+                if (self._checkpointer is not None and time.monotonic() - self._last_checkpoint
+                        >= self._config.checkpoint_every_s):
+                    self._save_checkpoint()
                 batch = self._next_batch()
                 if batch is None or not self._config.learn:
                     continue
@@ -151,8 +199,33 @@ class LearnerNode:
                     # Pulling metrics syncs with the device: only once per log interval.
                     self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                     last_log = time.monotonic()
+            self._save_checkpoint()  # Stopped from outside (Ctrl-C, another node's stop).
         finally:
             self._inference.join(timeout=5.0)
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+
+    def _elapsed(self) -> float:
+        return self._elapsed_before + time.monotonic() - self._start
+
+    def _save_checkpoint(self) -> None:
+        """Checkpoints the learner state with the counters that go with it (host side only)."""
+        if self._checkpointer is None:
+            return
+        # The learner state only changes on this thread, so it matches the counters taken here.
+        state = self._learner.state
+        with self._lock:
+            progress = {
+                "env_steps": self._env_steps,
+                "learner_steps": self._learner_steps,
+                "episodes": self._episodes,
+                "returns": [float(r) for r in self._returns],
+                "lengths": [int(n) for n in self._lengths],
+                "elapsed_s": self._elapsed(),
+                "resumes": self._resumes,
+            }
+        self._checkpointer.save(progress["env_steps"], state, progress)
+        self._last_checkpoint = time.monotonic()
 
     def _stop_reason(self) -> str | None:
         with self._lock:
@@ -190,8 +263,8 @@ def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
 class _Rate:
     """Env steps per second over the interval since the previous call."""
 
-    def __init__(self):
-        self._last = (time.monotonic(), 0)
+    def __init__(self, steps: int = 0):
+        self._last = (time.monotonic(), steps)
         self._value = 0.0
 
     def update(self, steps: int) -> float:

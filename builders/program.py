@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import launch
 from builders.base import Builder, ExperimentConfig
+from builders.evaluation import Evaluator
 from builders.inference import step_specs
 from builders.learner_node import LearnerNode, max_unrolls
 from builders.unroll_queue import unroll_table_spec
@@ -18,7 +19,8 @@ def make_program(
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
     With `config.unroll_queue == "replay"` a "replay" node holds the Queue table through
-    which unrolls reach the learner.
+    which unrolls reach the learner. With `config.eval_every > 0` an "evaluator" node runs
+    the greedy policy on envs of its own.
 
     Returns:
       The program; its "learner" group holds one node whose handle is the env workers'
@@ -44,4 +46,7 @@ def make_program(
             program.add_node(launch.CourierNode(
                 EnvWorker, env_factory, learner, i, config.envs_per_actor, seed
             ))
+    if config.eval_every > 0:
+        with program.group("evaluator"):
+            program.add_node(launch.CourierNode(Evaluator, builder, env_factory, learner, config))
     return program

@@ -14,15 +14,28 @@ def _fmt_return(stats: dict[str, Any]) -> str:
     return f"{mean:.1f} ({stats.get('returns_in_window', 0)} ep)"
 
 
+def _fmt_eta(stats: dict[str, Any], total_env_steps: int) -> str:
+    rate = stats.get("env_steps_per_s", 0.0)
+    left = total_env_steps - stats.get("env_steps", 0)
+    if rate <= 0 or left <= 0:
+        return "-"
+    return time.strftime("%H:%M:%S", time.gmtime(left / rate))
+
+
 def describe(stats: dict[str, Any], total_env_steps: int) -> str:
-    """One line: env steps / budget, env steps/s, mean episode return, episodes."""
+    """One line: env steps / budget, env steps/s, ETA, mean episode return, episodes."""
     steps = stats.get("env_steps", 0)
-    return (
+    line = (
         f"env steps {steps:>10,d}/{total_env_steps:,d} | "
         f"{stats.get('env_steps_per_s', 0.0):>8,.0f} steps/s | "
+        f"ETA {_fmt_eta(stats, total_env_steps)} | "
         f"return {_fmt_return(stats)} | episodes {stats.get('episodes', 0):,d} | "
         f"learner steps {stats.get('learner_steps', 0):,d}"
     )
+    evaluation = stats.get("evaluation")
+    if evaluation:
+        line += f" | eval {evaluation['return_mean']:.1f}"
+    return line
 
 
 class Progress:
@@ -33,6 +46,7 @@ class Progress:
       quiet: show nothing.
       stream: where to write (default stdout).
       plain_every_s: interval between plain lines when not on a TTY.
+      initial: env steps already done (a resumed run), where the bar starts.
     """
 
     def __init__(
@@ -41,6 +55,7 @@ class Progress:
         quiet: bool = False,
         stream: TextIO | None = None,
         plain_every_s: float = 5.0,
+        initial: int = 0,
     ):
         self._total = total_env_steps
         self._quiet = quiet
@@ -62,7 +77,8 @@ class Progress:
                 progress.TextColumn("{task.fields[info]}"),
                 console=Console(file=self._stream),
             )
-            self._task = self._bar.add_task("train", total=total_env_steps, info="")
+            self._task = self._bar.add_task("train", total=total_env_steps, info="",
+                                            completed=initial)
             self._bar.start()
 
     def update(self, stats: dict[str, Any]) -> None:

@@ -1,23 +1,21 @@
 """Trains an agent: `python launch/run.py --agent=impala --platform=local_mp --env=CartPole-v1`.
 
 Builds the agent's program graph, launches it on the chosen platform, shows progress while
-it runs and writes `summary.json` into the run directory when it stops (budget reached,
-return target reached, Ctrl-C/SIGTERM, or a node's error).
+it runs, and keeps a run directory (`runs/AGENT-ENV-TIME/` or --logdir; see launch/rundir.py):
+config.json, metrics.jsonl, TensorBoard events and checkpoints while it runs, summary.json
+and learning_curve.png when it stops (budget reached, return target reached, Ctrl-C/SIGTERM,
+or a node's error). `--resume RUN_DIR` continues a run from its newest checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
-from typing import Any
 
 if __name__ == "__main__" and not __package__:
     # `python launch/run.py` puts launch/ itself first on sys.path, where `import launch`
@@ -26,13 +24,14 @@ if __name__ == "__main__" and not __package__:
 
 # Only light imports at module level: spawned node processes re-import this module, and
 # env workers should not pay for importing JAX. The rest is imported in `train`.
-import launch  # noqa: E402
 from agents.registry import AGENTS, agent_module  # noqa: E402
-from launch.progress import Progress  # noqa: E402
+from launch.rundir import CONFIG, new_run_dir  # noqa: E402
 
 PLATFORMS = ("local_mt", "local_mp")
 # Flags that set a field of the agent's config (only allowed where the agent has it).
 AGENT_FLAGS = ("unroll_length", "batch_size", "learning_rate")
+# What a resumed run may not change: the checkpoint holds this agent's state on this env.
+FIXED_ON_RESUME = ("agent", "env")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -56,8 +55,9 @@ def _stop_at_return(value: str) -> float | str | None:
     return out
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = _OneLineParser(prog="run.py", description=__doc__.splitlines()[0])
+def _parser(argument_default=None) -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="run.py", description=__doc__.splitlines()[0],
+                       argument_default=argument_default)
     p.add_argument("--agent", default="impala", choices=sorted(AGENTS))
     p.add_argument("--platform", default="local_mp", choices=PLATFORMS)
     p.add_argument("--env", default="CartPole-v1", help="a Gymnasium id")
@@ -80,7 +80,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logdir", default=None, help="run directory (default runs/AGENT-ENV-TIME)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    return p.parse_args(argv)
+    p.add_argument("--checkpoint_every_s", type=float, default=60.0,
+                   help="seconds between learner checkpoints (one is also written at stop)")
+    p.add_argument("--keep_checkpoints", type=int, default=3, help="newest checkpoints kept")
+    p.add_argument("--eval_every", type=int, default=50_000,
+                   help="env steps between evaluations of the greedy policy; 0: none")
+    p.add_argument("--eval_episodes", type=int, default=10, help="episodes per evaluation")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue this run from its newest checkpoint, with its settings "
+                   "(flags given here override them, except --agent and --env)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The flags; with --resume, the run's saved settings overridden by the flags given."""
+    args = _parser().parse_args(argv)
+    if args.resume is None:
+        return args
+    given = vars(_parser(argparse.SUPPRESS).parse_args(argv))
+    path = os.path.join(args.resume, CONFIG)
+    try:
+        with open(path) as f:
+            saved = json.load(f)["args"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        _parser().exit(2, f"run.py: error: --resume: cannot read the run's settings from "
+                          f"{path}: {type(e).__name__}: {e}\n")
+    for name in FIXED_ON_RESUME:
+        if name in given and given[name] != saved.get(name):
+            _parser().exit(2, f"run.py: error: --{name} cannot change on --resume (the run "
+                              f"used {saved.get(name)!r})\n")
+    merged = dict(vars(args))
+    merged.update({k: v for k, v in saved.items() if k in merged})
+    merged.update(given)
+    merged["resume"], merged["logdir"] = args.resume, args.resume
+    return argparse.Namespace(**merged)
 
 
 def build(args: argparse.Namespace):
@@ -120,103 +153,44 @@ def build(args: argparse.Namespace):
         seed=args.seed,
         unroll_queue=args.unroll_queue,
         replay_backend=args.replay_backend,
+        checkpoint_every_s=args.checkpoint_every_s,
+        keep_checkpoints=args.keep_checkpoints,
+        eval_every=args.eval_every,
+        eval_episodes=args.eval_episodes,
     )
     return module.Builder(agent_config), env_factory, config, agent_config
 
 
-def _run_dir(args: argparse.Namespace) -> str:
-    if args.logdir:
-        path = args.logdir
-    else:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = os.path.join("runs", f"{args.agent}-{args.env.replace('/', '_')}-{stamp}")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, path)  # Never a half-written file.
-
-
 def train(args: argparse.Namespace) -> int:
-    from builders import make_program
+    """Runs the experiment the flags describe; returns the exit code (2: bad input)."""
+    from builders.checkpointing import CheckpointError
     from envs import UnknownEnvError
+    from launch.experiment import run_experiment
 
     try:
         builder, env_factory, config, agent_config = build(args)
     except (ValueError, UnknownEnvError, TypeError) as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return 2
-    run_dir = _run_dir(args)
-    _write_json(os.path.join(run_dir, "config.json"), {
-        "agent": args.agent, "platform": args.platform, "env": args.env,
-        "experiment": dataclasses.asdict(config), "agent_config": dataclasses.asdict(agent_config),
-    })
-    program = make_program(builder, env_factory, config, name=f"{args.agent}-{args.env}")
-    progress = Progress(config.total_env_steps, quiet=args.quiet)
-    stats: dict[str, Any] = {}
-    # SIGTERM ends the run like Ctrl-C: nodes stopped, summary written.
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    start = time.monotonic()
-    running = launch.launch(program, platform=args.platform, block=False)
+    run_dir = args.logdir or new_run_dir(args.agent, args.env)
+    settings = {"agent": args.agent, "platform": args.platform, "args": vars(args)}
+    extra = {}
+    if getattr(agent_config, "learning_rate", None) is not None:
+        extra["learning_rate"] = agent_config.learning_rate  # Constant: no schedules yet.
     try:
-        learner = program.handles("learner")[0].dereference()
-        pending = None
-        result = None
-        while result is None:
-            result = running.wait(timeout=config.log_every_s)
-            if pending is not None and pending.done():
-                if pending.exception() is None:
-                    stats = pending.result()
-                    progress.update(stats)
-                pending = None
-            if result is None and pending is None:
-                pending = learner.futures.stats()
-    except KeyboardInterrupt:
-        result = running.stop()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        progress.close()
-    wall_time = time.monotonic() - start
-
-    if result.stopped_by == "requested":
-        stats, stopped_by = dict(result.info), result.reason
-    else:
-        stopped_by = result.stopped_by
-    env_steps = int(stats.get("env_steps", 0))
-    summary = {
-        "agent": args.agent,
-        "platform": args.platform,
-        "env": args.env,
-        "stopped_by": stopped_by,
-        "env_steps": env_steps,
-        "wall_time_s": round(wall_time, 3),
-        "env_steps_per_s": round(env_steps / wall_time, 1) if wall_time > 0 else 0.0,
-        "mean_return_last_100": stats.get("mean_return"),
-        "episodes": stats.get("episodes", 0),
-        "learner_steps": stats.get("learner_steps", 0),
-        "stop_at_return": config.stop_at_return,
-        "total_env_steps": config.total_env_steps,
-    }
-    if result.stopped_by == "error":
-        summary["error"] = result.reason
-    path = os.path.join(run_dir, "summary.json")
-    _write_json(path, summary)
+        summary = run_experiment(builder, env_factory, config, run_dir, platform=args.platform,
+                                 quiet=args.quiet, resume=args.resume is not None,
+                                 settings=settings, extra_metrics=extra)
+    except CheckpointError as e:
+        print(f"run.py: error: --resume: {e}", file=sys.stderr)
+        return 2
     print(
-        f"stopped by {stopped_by} after {env_steps:,d} env steps in {wall_time:.1f} s "
-        f"({summary['env_steps_per_s']:,.0f} steps/s), mean return (last 100 episodes) "
-        f"{summary['mean_return_last_100']}"
+        f"stopped by {summary['stopped_by']} after {summary['env_steps']:,d} env steps in "
+        f"{summary['session_wall_time_s']:.1f} s ({summary['env_steps_per_s']:,.0f} steps/s), "
+        f"mean return (last 100 episodes) {summary['mean_return_last_100']}"
     )
-    print(f"summary: {path}")
-    return result.exit_code
-
-
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    print(f"summary: {os.path.join(run_dir, 'summary.json')}")
+    return summary["exit_code"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

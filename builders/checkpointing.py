@@ -1,0 +1,149 @@
+"""Checkpoints of a learner node: the learner state (any pytree) and the node's counters.
+
+One checkpoint per saved env step under `<run dir>/checkpoints/<env_steps>/`, written by
+orbax-checkpoint: `state/` holds the learner state (params, optimizer state, RNG key, step),
+`progress/` a JSON dict of host-side counters (env steps, learner steps, episodes, the recent
+returns, wall time), so a resumed run continues its counters and its return curve.
+
+orbax writes each checkpoint into a temporary directory and renames it when complete, so a
+process killed mid-save (even with SIGKILL) leaves the previous checkpoints intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+CHECKPOINT_SUBDIR = "checkpoints"
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing or cannot be read; the message names the path."""
+
+
+def checkpoint_dir(run_dir: str) -> str:
+    """Where a run directory keeps its checkpoints (an absolute path: orbax requires one)."""
+    return os.path.abspath(os.path.join(run_dir, CHECKPOINT_SUBDIR))
+
+
+def _ocp():
+    # orbax is heavy (tensorstore, asyncio); imported only where checkpoints are used.
+    import orbax.checkpoint as ocp
+
+    # Without a target, orbax warns that restoring is "UNSAFE" across topologies; we validate
+    # checkpoints on the machine that wrote them, so the warning would only confuse users.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    return ocp
+
+
+class Checkpointer:
+    """Saves and restores (learner state, progress) pairs, keeping the last `max_to_keep`.
+
+    Saves are asynchronous (the learner loop goes on while orbax writes); `close()` waits for
+    the last one. Use from one thread.
+
+    Args:
+      directory: the checkpoints directory (created if missing).
+      max_to_keep: how many of the newest checkpoints to keep.
+    """
+
+    def __init__(self, directory: str, max_to_keep: int = 3):
+        ocp = _ocp()
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any, progress: dict[str, Any]) -> bool:
+        """Starts writing checkpoint `step` (env steps); False if that step is already saved.
+
+        `state` must not be mutated afterwards (JAX arrays never are).
+        """
+        ocp = _ocp()
+        latest = self._manager.latest_step()
+        if latest is not None and step <= latest:
+            return False
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)
+        )
+        return bool(self._manager.save(step, args=args))
+
+    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reads checkpoint `step` (default: the latest) into the structure of `target`.
+
+        Args:
+          target: a pytree like the saved state (e.g. a freshly built learner's state); the
+            restored arrays get its shapes, dtypes and shardings.
+          step: which checkpoint.
+
+        Returns:
+          (state, progress).
+
+        Raises:
+          CheckpointError: no such checkpoint, or it cannot be read into `target`.
+        """
+        ocp = _ocp()
+        step = self._manager.latest_step() if step is None else step
+        path = os.path.join(self.directory, str(step))
+        if step is None or not os.path.isdir(path):
+            raise CheckpointError(f"no checkpoint to restore in {self.directory}")
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()
+        )
+        try:
+            restored = self._manager.restore(step, args=args)
+        except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
+            raise CheckpointError(f"cannot restore checkpoint {path}: {_one_line(e)}") from e
+        return restored.state, dict(restored.progress)
+
+    def close(self) -> None:
+        """Waits for a pending save, then releases orbax's threads."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:
+    """Finds and reads the newest checkpoint of a run directory, arrays included.
+
+    Meant for the launcher before it starts a resumed run, so that a missing or damaged
+    checkpoint is one clear error there instead of a node failing deep inside orbax.
+
+    Returns:
+      (step, progress) of the newest checkpoint.
+
+    Raises:
+      CheckpointError: none found, or it cannot be read; the message names the path.
+    """
+    directory = checkpoint_dir(run_dir)
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"no checkpoints in {directory} (the directory does not exist)")
+    ocp = _ocp()
+    try:
+        manager = ocp.CheckpointManager(directory)
+        step = manager.latest_step()
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"cannot read checkpoints in {directory}: {_one_line(e)}") from e
+    if step is None:
+        raise CheckpointError(f"no complete checkpoint in {directory}")
+    path = os.path.join(directory, str(step))
+    try:
+        # Reading the arrays is the only sure test that they are intact.
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), progress=ocp.args.JsonRestore()))
+        progress = dict(restored.progress)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"cannot read checkpoint {path}: {_one_line(e)}") from e
+    finally:
+        manager.close()
+    for name in ("env_steps", "learner_steps"):
+        if not isinstance(progress.get(name), int):
+            raise CheckpointError(f"checkpoint {path}: progress has no integer {name!r}")
+    return step, progress
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]

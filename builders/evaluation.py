@@ -1,0 +1,113 @@
+"""Evaluation of the greedy policy on envs of its own: the evaluator node and its episode loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+import launch
+from builders.base import Builder, ExperimentConfig, Policy
+from envs.factory import EnvFactory
+
+
+def run_episodes(
+    policy: Policy,
+    params: Any,
+    envs,
+    num_episodes: int,
+    key: jax.Array,
+    seed: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[float]:
+    """Plays one episode in each of the `num_episodes` envs of a vector env; their returns.
+
+    Args:
+      policy: jitted `policy(params, key, obs[N]) -> (actions[N], extras)`.
+      params: the policy's params.
+      envs: a Gymnasium vector env of `num_episodes` envs with next-step autoreset (after an
+        env's episode ends it is ignored, so each env contributes exactly one episode).
+      num_episodes: the vector env's size.
+      key: RNG key for stochastic policies.
+      seed: reset seed, so that evaluations at different times see the same start states.
+      should_stop: polled every step; when it returns True the episodes are cut short.
+
+    Returns:
+      The `num_episodes` undiscounted returns.
+    """
+    obs, _ = envs.reset(seed=seed)
+    returns = np.zeros(num_episodes, np.float64)
+    running = np.ones(num_episodes, bool)
+    while running.any() and not (should_stop is not None and should_stop()):
+        key, step_key = jax.random.split(key)
+        actions, _ = policy(params, step_key, obs)
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions))
+        returns += np.where(running, reward, 0.0)
+        running &= ~(np.asarray(terminated) | np.asarray(truncated))
+    return [float(r) for r in returns]
+
+
+def summarize(returns: list[float]) -> dict[str, float]:
+    """Mean, min and max of evaluation returns."""
+    return {
+        "return_mean": float(np.mean(returns)),
+        "return_min": float(np.min(returns)),
+        "return_max": float(np.max(returns)),
+        "episodes": len(returns),
+    }
+
+
+class Evaluator:
+    """Run-loop node: evaluates the learner's current greedy policy every `eval_every` env steps.
+
+    The first evaluation happens at start (env step 0, or where a resumed run continues), then
+    whenever the learner's env-step counter has advanced `config.eval_every` past the previous
+    one. Each result goes to the learner node (`record_evaluation`), whose `stats()` the
+    launcher writes to the run's metrics.
+
+    Args:
+      builder: the agent; its `make_policy(networks, evaluation=True)` is evaluated.
+      env_factory: builds the evaluation envs (separate from the env workers').
+      learner: client of the learner node (`env_steps`, `get_params`, `record_evaluation`).
+      config: `eval_every`, `eval_episodes`, `seed`.
+    """
+
+    def __init__(self, builder: Builder, env_factory: EnvFactory, learner: Any,
+                 config: ExperimentConfig):
+        self._builder = builder
+        self._factory = env_factory
+        self._learner = learner
+        self._config = config
+
+    def run(self) -> None:
+        config = self._config
+        spec = self._factory.spec()
+        policy = jax.jit(self._builder.make_policy(self._builder.make_networks(spec),
+                                                   evaluation=True))
+        seed = config.seed * 10_007 + 9_973  # Apart from every env worker's seeds.
+        envs = self._factory.make_vector(config.eval_episodes, seed=seed)
+        key = jax.random.PRNGKey(seed)
+        stop = launch.stop_event()
+        next_eval = None
+        try:
+            while not stop.is_set():
+                env_steps = self._learner.env_steps()
+                if next_eval is not None and env_steps < next_eval:
+                    stop.wait(0.25)
+                    continue
+                params = self._learner.get_params()
+                start = time.monotonic()
+                key, eval_key = jax.random.split(key)
+                returns = run_episodes(policy, params, envs, config.eval_episodes, eval_key, seed,
+                                       should_stop=stop.is_set)
+                if stop.is_set():
+                    return
+                result = summarize(returns)
+                result.update(env_steps=env_steps, duration_s=time.monotonic() - start)
+                self._learner.record_evaluation(result)
+                next_eval = env_steps + config.eval_every
+        finally:
+            envs.close()

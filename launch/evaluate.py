@@ -1,0 +1,157 @@
+"""Evaluates a run's checkpoint: `python launch/evaluate.py RUN_DIR [--episodes=N] [--video=DIR]`.
+
+Rebuilds the run's agent from its config.json, restores the newest checkpoint (or --step),
+plays N episodes with the greedy policy on fresh envs and prints the mean return (a line for
+people, then one JSON line for scripts). With --video, episodes are recorded with Gymnasium's
+RecordVideo (the env must render rgb arrays; needs `pip install moviepy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from launch.rundir import CONFIG  # noqa: E402
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = _OneLineParser(prog="evaluate.py", description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--step", type=int, default=None,
+                   help="the checkpoint's env steps (default: the newest)")
+    p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
+    p.add_argument("--video", default=None, metavar="DIR",
+                   help="record the episodes as videos into DIR (one env, rgb_array rendering)")
+    args = p.parse_args(argv)
+    if args.episodes < 1:
+        p.error(f"--episodes must be >= 1, got {args.episodes}")
+    return args
+
+
+class _Error(Exception):
+    """Bad input or a bad checkpoint: one line for the user, exit code 2."""
+
+
+def load_policy(run_dir: str, step: int | None = None):
+    """The run's greedy policy with the checkpoint's params.
+
+    Returns:
+      (policy, params, env_factory, checkpoint step, progress of that checkpoint).
+
+    Raises:
+      _Error: the run's config or checkpoint is missing or unreadable.
+    """
+    import jax
+
+    from builders.checkpointing import Checkpointer, CheckpointError, checkpoint_dir
+    from envs import UnknownEnvError
+    from launch import run
+
+    path = os.path.join(run_dir, CONFIG)
+    try:
+        with open(path) as f:
+            saved = json.load(f)["args"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise _Error(f"cannot read the run's settings from {path}: {type(e).__name__}: {e}") from e
+    args = vars(run.parse_args([]))
+    args.update({k: v for k, v in saved.items() if k in args})
+    try:
+        builder, env_factory, _, _ = run.build(argparse.Namespace(**args))
+    except (ValueError, UnknownEnvError, TypeError) as e:
+        raise _Error(str(e)) from e
+    spec = env_factory.spec()
+    networks = builder.make_networks(spec)
+    learner = builder.make_learner(networks, spec, jax.random.PRNGKey(0))
+    directory = checkpoint_dir(run_dir)
+    if not os.path.isdir(directory):
+        raise _Error(f"no checkpoints in {directory}")
+    checkpointer = Checkpointer(directory)
+    try:
+        step = checkpointer.latest_step() if step is None else step
+        state, progress = checkpointer.restore(learner.state, step)
+    except CheckpointError as e:
+        raise _Error(str(e)) from e
+    finally:
+        checkpointer.close()
+    learner.restore(state)
+    policy = jax.jit(builder.make_policy(networks, evaluation=True))
+    return policy, jax.device_get(learner.params), env_factory, step, progress
+
+
+def _record(policy, params, env_factory, episodes: int, seed: int, video_dir: str):
+    import gymnasium as gym
+    import jax
+    import numpy as np
+
+    env = gym.make(env_factory.env_id, render_mode="rgb_array", **dict(env_factory.kwargs))
+    try:
+        env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True,
+                                       disable_logger=True)
+    except gym.error.DependencyNotInstalled as e:
+        raise _Error(f"--video needs moviepy: pip install moviepy ({e})") from e
+    key = jax.random.PRNGKey(seed)
+    returns = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        total, done = 0.0, False
+        while not done:
+            key, step_key = jax.random.split(key)
+            action, _ = policy(params, step_key, np.asarray(obs)[None])
+            obs, reward, terminated, truncated, _ = env.step(np.asarray(action)[0])
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    """Restores, plays, and returns {return_mean, return_min, return_max, episodes, ...}."""
+    import jax
+
+    from builders.evaluation import run_episodes, summarize
+
+    policy, params, env_factory, step, progress = load_policy(args.run_dir, args.step)
+    if args.video:
+        returns = _record(policy, params, env_factory, args.episodes, args.seed, args.video)
+    else:
+        envs = env_factory.make_vector(args.episodes, seed=args.seed)
+        try:
+            returns = run_episodes(policy, params, envs, args.episodes,
+                                   jax.random.PRNGKey(args.seed), args.seed)
+        finally:
+            envs.close()
+    result = summarize(returns)
+    result.update(checkpoint_env_steps=step, learner_steps=progress.get("learner_steps"))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        result = evaluate(args)
+    except _Error as e:
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        return 2
+    print(f"mean return {result['return_mean']:.2f} over {result['episodes']} episodes "
+          f"(min {result['return_min']:.1f}, max {result['return_max']:.1f}); checkpoint at "
+          f"{result['checkpoint_env_steps']:,d} env steps"
+          + (f"; videos in {args.video}" if args.video else ""))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""`run_experiment`: one training run of any builder, with its run directory.
+
+It builds the program (`builders.make_program`), launches it, shows progress, writes the run
+directory (launch/rundir.py) as it goes, and learning_curve.png and summary.json at the end.
+`launch/run.py` calls it for the registered agents; a notebook may call it with a builder of
+its own (on `local_mt`, since a class defined in a notebook cannot be pickled into processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import launch
+from launch.progress import Progress
+from launch.rundir import CONFIG, SUMMARY, RunWriter, git_commit, read_json, versions, write_json
+
+
+def _asdict(obj: Any) -> Any:
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else repr(obj)
+
+
+def run_experiment(
+    builder: Any,
+    env_factory: Any,
+    config: Any,
+    run_dir: str,
+    *,
+    platform: str = "local_mt",
+    quiet: bool = False,
+    resume: bool = False,
+    settings: dict[str, Any] | None = None,
+    extra_metrics: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Trains `builder` on `env_factory`'s envs until `config` says stop; returns the summary.
+
+    Args:
+      builder: the agent (builders.base.Builder).
+      env_factory: envs.EnvFactory.
+      config: builders.ExperimentConfig; its checkpoint fields are filled in here (the
+        checkpoints live in RUN_DIR/checkpoints).
+      run_dir: the run directory (created if missing).
+      platform: "local_mt" or "local_mp".
+      quiet: no progress output.
+      resume: continue from the newest checkpoint in `run_dir`: counters, metrics and curves
+        go on from there.
+      settings: what config.json records as the resolved settings (e.g. the command line's).
+      extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
+
+    Returns:
+      The summary (also in RUN_DIR/summary.json), with "exit_code": 0 when the run stopped
+      at its budget or target, 1 on a node's error, 130 on a signal.
+
+    Raises:
+      builders.checkpointing.CheckpointError: `resume` and no readable checkpoint.
+    """
+    from builders import make_program
+    from builders.checkpointing import checkpoint_dir, latest_checkpoint
+
+    os.makedirs(run_dir, exist_ok=True)
+    step, resume_steps, resume_elapsed = None, None, 0.0
+    if resume:
+        step, progress = latest_checkpoint(run_dir)  # A clear error before anything starts.
+        resume_steps, resume_elapsed = progress["env_steps"], float(progress.get("elapsed_s", 0))
+    config = dataclasses.replace(config, checkpoint_dir=checkpoint_dir(run_dir),
+                                 resume_step=step)
+    _write_config(run_dir, builder, env_factory, config, settings, resume_steps)
+
+    name = getattr(env_factory, "env_id", "env")
+    program = make_program(builder, env_factory, config, name=f"{type(builder).__name__}-{name}")
+    progress_bar = Progress(config.total_env_steps, quiet=quiet, initial=resume_steps or 0)
+    writer = RunWriter(run_dir, resume_steps)
+    stats: dict[str, Any] = {}
+    in_main = threading.current_thread() is threading.main_thread()
+    # SIGTERM ends the run like Ctrl-C: nodes stopped, summary written.
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
+    start = time.monotonic()
+    running = launch.launch(program, platform=platform, block=False)
+    try:
+        learner = program.handles("learner")[0].dereference()
+        pending = None
+        result = None
+        while result is None:
+            result = running.wait(timeout=config.log_every_s)
+            if pending is not None and pending.done():
+                if pending.exception() is None:
+                    stats = pending.result()
+                    progress_bar.update(stats)
+                    writer.log(stats, extra_metrics)
+                pending = None
+            if result is None and pending is None:
+                pending = learner.futures.stats()
+    except KeyboardInterrupt:
+        result = running.stop()
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+        progress_bar.close()
+    session_time = time.monotonic() - start
+
+    if result.stopped_by == "requested":
+        stats, stopped_by = dict(result.info), result.reason
+        writer.log(stats, extra_metrics)  # The final counters.
+    else:
+        stopped_by = result.stopped_by
+    writer.close()
+    env_steps = int(stats.get("env_steps", resume_steps or 0))
+    new_steps = env_steps - (resume_steps or 0)
+    summary = {
+        "agent": (settings or {}).get("agent", type(builder).__name__),
+        "platform": platform,
+        "env": name,
+        "stopped_by": stopped_by,
+        "exit_code": result.exit_code,
+        "env_steps": env_steps,
+        "wall_time_s": round(resume_elapsed + session_time, 3),
+        "session_wall_time_s": round(session_time, 3),
+        "env_steps_per_s": round(new_steps / session_time, 1) if session_time > 0 else 0.0,
+        "mean_return_last_100": stats.get("mean_return"),
+        "last_evaluation": stats.get("evaluation"),
+        "episodes": stats.get("episodes", 0),
+        "learner_steps": stats.get("learner_steps", 0),
+        "resumed_from_env_steps": resume_steps,
+        "stop_at_return": config.stop_at_return,
+        "total_env_steps": config.total_env_steps,
+    }
+    if result.stopped_by == "error":
+        summary["error"] = result.reason
+    write_json(os.path.join(run_dir, SUMMARY), summary)
+    try:
+        from launch.plot import plot_run
+
+        plot_run(run_dir)
+    except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.
+        pass
+    return summary
+
+
+def _write_config(run_dir, builder, env_factory, config, settings, resume_steps) -> None:
+    path = os.path.join(run_dir, CONFIG)
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    session = {"started": now, "git_commit": git_commit(), "versions": versions(),
+               "resumed_from_env_steps": resume_steps}
+    if resume_steps is not None and os.path.exists(path):
+        data = read_json(path)  # The run's settings stay; this session is added to its list.
+        data.setdefault("sessions", []).append(session)
+    else:
+        data = dict(settings or {})
+        data.update(
+            env=getattr(env_factory, "env_id", repr(env_factory)),
+            experiment=_asdict(config),
+            agent_config=_asdict(getattr(builder, "config", None)),
+            created=now, git_commit=session["git_commit"], versions=session["versions"],
+            sessions=[session],
+        )
+    write_json(path, data)
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt

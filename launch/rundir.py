@@ -1,0 +1,205 @@
+"""The run directory: what a run leaves behind for people and tools.
+
+    runs/<agent>-<env>-<time>/
+      config.json          every resolved setting, library versions, the git commit
+      metrics.jsonl        one JSON record per log interval (see `metrics_record`)
+      events.out.tfevents.* TensorBoard scalars (tensorboardX: no TensorFlow needed)
+      summary.json         how and when the run stopped
+      learning_curve.png   return vs env steps and vs wall time (launch/plot.py)
+      checkpoints/         learner checkpoints (builders/checkpointing.py)
+
+Nothing here imports JAX: the launcher process only writes files.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from typing import Any
+
+METRICS = "metrics.jsonl"
+CONFIG = "config.json"
+SUMMARY = "summary.json"
+CURVE = "learning_curve.png"
+_VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "gymnasium", "numpy",
+              "tensorboardX")
+# Keys of the learner node's stats that are not learner metrics.
+_STATS_KEYS = {
+    "env_steps", "learner_steps", "episodes", "mean_return", "min_return", "max_return",
+    "returns_in_window", "mean_episode_length", "evaluation", "elapsed_s", "resumes",
+    "env_steps_per_s", "inference_batches", "slot_resets", "queue_size",
+}
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Writes `data` to `path` atomically (never a half-written file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def versions() -> dict[str, str | None]:
+    """Python's and the main libraries' versions (from package metadata: nothing imported)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit(path: str | None = None) -> str | None:
+    """The commit checked out where the code lives (with "-dirty" for local changes), or None."""
+    cwd = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=cwd, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def read_metrics(run_dir: str) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl (a torn last line, from a killed run, is skipped)."""
+    path = os.path.join(run_dir, METRICS)
+    records = []
+    if not os.path.exists(path):
+        return records
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One metrics.jsonl record from the learner node's `stats()`.
+
+    Fields: time, wall_time_s (training time over all sessions), env_steps, learner_steps,
+    episodes, env_steps_per_s, return_mean/min/max and episode_length_mean over the return
+    window, queue_size, restarts (env-worker restarts seen by inference), resumes, the
+    learner's metrics as `learner/<name>`, and `extra` (e.g. learning_rate).
+    """
+    record: dict[str, Any] = {
+        "time": round(time.time(), 3),
+        "wall_time_s": round(float(stats.get("elapsed_s", 0.0)), 3),
+        "env_steps": int(stats.get("env_steps", 0)),
+        "learner_steps": int(stats.get("learner_steps", 0)),
+        "episodes": int(stats.get("episodes", 0)),
+        "env_steps_per_s": round(float(stats.get("env_steps_per_s", 0.0)), 1),
+        "return_mean": stats.get("mean_return"),
+        "return_min": stats.get("min_return"),
+        "return_max": stats.get("max_return"),
+        "episode_length_mean": stats.get("mean_episode_length"),
+        "queue_size": stats.get("queue_size"),
+        "restarts": stats.get("slot_resets", 0),
+        "resumes": stats.get("resumes", 0),
+    }
+    for name, value in sorted(stats.items()):
+        if name not in _STATS_KEYS and _number(value) is not None:
+            record[f"learner/{name}"] = value
+    record.update(extra or {})
+    return record
+
+
+class RunWriter:
+    """Appends metrics to metrics.jsonl and TensorBoard; writes config and summary.
+
+    A resumed run passes `resume_env_steps`: records past that point came from the part of the
+    killed run that the checkpoint does not hold, so they are dropped (from metrics.jsonl
+    here, from TensorBoard through its purge step) and the curves continue from the
+    checkpoint without a fold.
+
+    Args:
+      run_dir: the run directory (created if missing).
+      resume_env_steps: the env steps of the checkpoint a resumed run continues from.
+    """
+
+    def __init__(self, run_dir: str, resume_env_steps: int | None = None):
+        from tensorboardX import SummaryWriter
+
+        self.run_dir = run_dir
+        os.makedirs(run_dir, exist_ok=True)
+        self._metrics_path = os.path.join(run_dir, METRICS)
+        self._last_env_steps = -1
+        self._last_eval: Any = None
+        if resume_env_steps is not None:
+            kept = [r for r in read_metrics(run_dir) if r.get("env_steps", 0) <= resume_env_steps]
+            tmp = self._metrics_path + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            os.replace(tmp, self._metrics_path)
+            if kept:
+                self._last_env_steps = kept[-1]["env_steps"]
+                self._last_eval = kept[-1].get("eval_env_steps")
+        self._metrics = open(self._metrics_path, "a")  # noqa: SIM115 -- closed in close().
+        purge = None if resume_env_steps is None else resume_env_steps + 1
+        self._tb = SummaryWriter(run_dir, purge_step=purge, flush_secs=10)
+
+    def log(self, stats: dict[str, Any], extra: dict[str, Any] | None = None) -> bool:
+        """Writes a record for `stats` if the env steps advanced; returns whether it did.
+
+        A new evaluation result in `stats["evaluation"]` goes into the record as eval_*.
+        """
+        record = metrics_record(stats, extra)
+        steps = record["env_steps"]
+        if steps <= self._last_env_steps:
+            return False
+        evaluation = stats.get("evaluation")
+        if evaluation and evaluation.get("env_steps") != self._last_eval:
+            self._last_eval = evaluation["env_steps"]
+            record.update({
+                "eval_env_steps": evaluation["env_steps"],
+                "eval_return_mean": evaluation["return_mean"],
+                "eval_return_min": evaluation["return_min"],
+                "eval_return_max": evaluation["return_max"],
+                "eval_episodes": evaluation["episodes"],
+            })
+        self._last_env_steps = steps
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()  # A killed run keeps every record written so far.
+        for name, value in record.items():
+            value = _number(value)
+            if value is None or name in ("time", "env_steps") or name.startswith("eval_"):
+                continue
+            tag = name if "/" in name else f"train/{name}"
+            self._tb.add_scalar(tag, value, steps)
+        if "eval_env_steps" in record:
+            for name in ("return_mean", "return_min", "return_max"):
+                self._tb.add_scalar(f"eval/{name}", record[f"eval_{name}"],
+                                    record["eval_env_steps"])
+        return True
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._tb.close()
+
+
+def new_run_dir(agent: str, env: str, root: str = "runs") -> str:
+    """`runs/<agent>-<env>-<time>` (not created)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join(root, f"{agent}-{env.replace('/', '_')}-{stamp}")

@@ -1,0 +1,159 @@
+"""The run directory: every file there and valid; plot.py; evaluate.py; bad checkpoints."""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+
+
+def script(name, args, timeout=120):
+    return subprocess.run([PY, os.path.join(REPO, "launch", name)] + args, capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """One short IMPALA run on CartPole, with evaluations and checkpoints."""
+    path = str(tmp_path_factory.mktemp("run"))
+    out = script("run.py", ["--platform=local_mt", "--total_env_steps=30000",
+                            "--stop_at_return=none", "--eval_every=10000", "--eval_episodes=4",
+                            "--checkpoint_every_s=2", f"--logdir={path}"])
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+def read_events(path):
+    """Every Event in a TensorBoard event file, checking the TFRecord framing and CRCs."""
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.record_writer import masked_crc32c
+
+    with open(path, "rb") as f:
+        data = f.read()
+    events, i = [], 0
+    while i < len(data):
+        header = data[i:i + 8]
+        (length,) = struct.unpack("<Q", header)
+        assert struct.unpack("<I", data[i + 8:i + 12])[0] == masked_crc32c(header)
+        body = data[i + 12:i + 12 + length]
+        assert struct.unpack("<I", data[i + 12 + length:i + 16 + length])[0] == \
+            masked_crc32c(body)
+        event = Event()
+        event.ParseFromString(body)
+        events.append(event)
+        i += 16 + length
+    return events
+
+
+def test_run_dir_has_every_file_and_each_is_valid(run_dir):
+    files = set(os.listdir(run_dir))
+    for name in ("config.json", "metrics.jsonl", "summary.json", "learning_curve.png",
+                 "checkpoints"):
+        assert name in files, files
+
+    config = json.load(open(os.path.join(run_dir, "config.json")))
+    assert config["agent"] == "impala" and config["env"] == "CartPole-v1"
+    assert config["args"]["total_env_steps"] == 30000
+    assert config["experiment"]["eval_every"] == 10000
+    assert config["agent_config"]["learning_rate"] > 0
+    for lib in ("jax", "flax", "optax", "gymnasium"):
+        assert config["versions"][lib], config["versions"]
+    assert len(config["git_commit"].split("-")[0]) == 40
+
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["stopped_by"] == "budget" and summary["env_steps"] >= 30000
+
+    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert len(records) >= 3
+    steps = [r["env_steps"] for r in records]
+    assert steps == sorted(set(steps))  # Strictly increasing.
+    last = records[-1]
+    for field in ("learner_steps", "wall_time_s", "env_steps_per_s", "return_mean",
+                  "return_min", "return_max", "learning_rate", "queue_size", "restarts",
+                  "learner/loss"):
+        assert field in last, (field, last)
+    assert last["return_min"] <= last["return_mean"] <= last["return_max"]
+    evals = [r for r in records if "eval_return_mean" in r]
+    assert evals and evals[0]["eval_episodes"] == 4
+    assert evals[0]["eval_env_steps"] < 10000  # The first evaluation is at the start.
+
+    event_files = [f for f in files if f.startswith("events.out.tfevents")]
+    assert len(event_files) == 1
+    events = read_events(os.path.join(run_dir, event_files[0]))
+    tags = {v.tag for e in events for v in e.summary.value}
+    assert {"train/return_mean", "learner/loss", "eval/return_mean"} <= tags, tags
+    returns = [(e.step, v.simple_value) for e in events for v in e.summary.value
+               if v.tag == "train/return_mean"]
+    assert returns[-1] == (last["env_steps"], pytest.approx(last["return_mean"]))
+
+    from PIL import Image
+
+    image = np.asarray(Image.open(os.path.join(run_dir, "learning_curve.png")).convert("L"))
+    assert image.shape[0] > 200 and image.shape[1] > 400
+    assert image.std() > 10  # Lines and text, not a blank canvas.
+
+    checkpoints = sorted(int(d) for d in os.listdir(os.path.join(run_dir, "checkpoints"))
+                         if d.isdigit())
+    assert 1 <= len(checkpoints) <= 3 and checkpoints[-1] >= 30000  # The one at stop.
+
+
+def test_plot_overlays_runs(run_dir, tmp_path):
+    second = tmp_path / "seed1"
+    shutil.copytree(run_dir, second)
+    out = tmp_path / "both.png"
+    result = script("plot.py", [run_dir, str(second), f"--out={out}"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    from PIL import Image
+
+    assert np.asarray(Image.open(out).convert("L")).std() > 10
+    missing = script("plot.py", [str(tmp_path / "nothing")], timeout=60)
+    assert missing.returncode == 2 and "metrics.jsonl" in missing.stderr
+
+
+def test_evaluate_reports_the_checkpoints_return(run_dir):
+    out = script("evaluate.py", [run_dir, "--episodes=3"])
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 3 and result["checkpoint_env_steps"] >= 30000
+    assert result["return_mean"] > 0
+
+
+def _one_line_error(out, path):
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert path in lines[0], lines[0]
+
+
+def test_resume_without_checkpoint_is_one_clear_error(tmp_path):
+    os.makedirs(tmp_path / "empty")
+    json.dump({"args": {"agent": "impala", "env": "CartPole-v1"}},
+              open(tmp_path / "empty" / "config.json", "w"))
+    out = script("run.py", [f"--resume={tmp_path / 'empty'}"], timeout=60)
+    _one_line_error(out, str(tmp_path / "empty" / "checkpoints"))
+    out = script("run.py", [f"--resume={tmp_path / 'nowhere'}"], timeout=60)
+    _one_line_error(out, str(tmp_path / "nowhere" / "config.json"))
+
+
+@pytest.mark.parametrize("tool", ["run.py", "evaluate.py"])
+def test_corrupt_checkpoint_is_one_clear_error(run_dir, tmp_path, tool):
+    broken = tmp_path / "broken"
+    shutil.copytree(run_dir, broken)
+    ckpt = broken / "checkpoints"
+    latest = max((d for d in os.listdir(ckpt) if d.isdigit()), key=int)
+    for root, _, names in os.walk(ckpt / latest / "state"):
+        for name in names:  # Garbage of the same size in every file of the state.
+            path = os.path.join(root, name)
+            size = os.path.getsize(path)
+            with open(path, "wb") as f:
+                f.write(os.urandom(max(size, 16)))
+    flag = f"--resume={broken}" if tool == "run.py" else str(broken)
+    out = script(tool, [flag], timeout=60)
+    _one_line_error(out, str(ckpt / latest))
