@@ -1,0 +1,86 @@
+"""A run killed with SIGKILL resumes from its last checkpoint: counters, metrics, returns go on."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
+RANDOM_CARTPOLE_RETURN = 22.0  # Mean return of a uniform random policy on CartPole-v1.
+
+
+def _checkpoints(run_dir):
+    path = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(d) for d in os.listdir(path) if d.isdigit())
+
+
+def _train_then_kill(run_dir, min_env_steps, timeout_s=90):
+    """Trains on local_mp until a checkpoint past `min_env_steps` exists, then SIGKILLs it all.
+
+    The whole process group gets SIGKILL at once, as when a machine dies: nothing can write
+    a last checkpoint.
+    """
+    proc = subprocess.Popen(
+        RUN + ["--platform=local_mp", "--total_env_steps=100000000", "--stop_at_return=none",
+               "--checkpoint_every_s=1", "--eval_every=0", f"--logdir={run_dir}"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            steps = _checkpoints(run_dir)
+            if steps and steps[-1] >= min_env_steps:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read()
+        assert _checkpoints(run_dir)[-1] >= min_env_steps, "no checkpoint in time"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigkill_then_resume_continues_counters_metrics_and_returns(tmp_path):
+    run_dir = str(tmp_path / "run")
+    _train_then_kill(run_dir, min_env_steps=60_000)
+    killed_at = _checkpoints(run_dir)[-1]
+    before = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+    out = subprocess.run(
+        RUN + [f"--resume={run_dir}", "--platform=local_mt",
+               f"--total_env_steps={killed_at + 40_000}", "--eval_every=100000",
+               "--eval_episodes=5"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["resumed_from_env_steps"] == killed_at
+    assert summary["stopped_by"] == "budget" and summary["env_steps"] >= killed_at + 40_000
+
+    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r["env_steps"] for r in records]
+    assert steps == sorted(set(steps)), "env steps must increase along the whole file"
+    old = [r for r in records if r["resumes"] == 0]
+    new = [r for r in records if r["resumes"] == 1]
+    assert old and new and records == old + new
+    # Records past the checkpoint (lost with the kill) were dropped; the rest kept as written.
+    assert old == [r for r in before if r["env_steps"] <= killed_at]
+    assert new[0]["env_steps"] >= killed_at and new[-1]["env_steps"] >= killed_at + 40_000
+    # Counters continue from the checkpoint, not from 0.
+    assert new[0]["learner_steps"] >= old[-1]["learner_steps"] > 0
+    assert new[0]["episodes"] >= old[-1]["episodes"] > 0
+    assert new[0]["wall_time_s"] >= old[-1]["wall_time_s"]
+    # The first evaluation after resuming runs the restored policy: far above random.
+    first_eval = next(r for r in new if "eval_return_mean" in r)
+    assert first_eval["eval_env_steps"] >= killed_at
+    assert first_eval["eval_return_mean"] > 4 * RANDOM_CARTPOLE_RETURN, first_eval
+    # The training return does not fall back to random either (the window was restored).
+    assert new[0]["return_mean"] > 2 * RANDOM_CARTPOLE_RETURN, new[0]
+
+    config = json.load(open(os.path.join(run_dir, "config.json")))
+    assert [s["resumed_from_env_steps"] for s in config["sessions"]] == [None, killed_at]
+    assert config["args"]["platform"] == "local_mp"  # The run's settings stay as they were.
