@@ -145,7 +145,7 @@ def _write_config(run_dir, builder, env_factory, config, settings, resume_steps)
     path = os.path.join(run_dir, CONFIG)
     now = datetime.datetime.now().isoformat(timespec="seconds")
     session = {"started": now, "git_commit": git_commit(), "versions": versions(),
-               "resumed_from_env_steps": resume_steps}
+               "resumed_from_env_steps": resume_steps, "settings": settings}
     if resume_steps is not None and os.path.exists(path):
         data = read_json(path)  # The run's settings stay; this session is added to its list.
         data.setdefault("sessions", []).append(session)

@@ -55,9 +55,8 @@ def _stop_at_return(value: str) -> float | str | None:
     return out
 
 
-def _parser(argument_default=None) -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="run.py", description=__doc__.splitlines()[0],
-                       argument_default=argument_default)
+def _parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="run.py", description=__doc__.splitlines()[0])
     p.add_argument("--agent", default="impala", choices=sorted(AGENTS))
     p.add_argument("--platform", default="local_mp", choices=PLATFORMS)
     p.add_argument("--env", default="CartPole-v1", help="a Gymnasium id")
@@ -97,7 +96,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = _parser().parse_args(argv)
     if args.resume is None:
         return args
-    given = vars(_parser(argparse.SUPPRESS).parse_args(argv))
+    # The flags given explicitly: parsed again with a sentinel (not a string, which argparse
+    # would convert with the flag's type) as every default.
+    absent = object()
+    explicit = _parser()
+    explicit.set_defaults(**{name: absent for name in vars(args)})
+    given = {k: v for k, v in vars(explicit.parse_args(argv)).items() if v is not absent}
     path = os.path.join(args.resume, CONFIG)
     try:
         with open(path) as f:

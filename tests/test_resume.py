@@ -27,7 +27,8 @@ def _train_then_kill(run_dir, min_env_steps, timeout_s=90):
     """
     proc = subprocess.Popen(
         RUN + ["--platform=local_mp", "--total_env_steps=100000000", "--stop_at_return=none",
-               "--checkpoint_every_s=1", "--eval_every=0", f"--logdir={run_dir}"],
+               "--checkpoint_every_s=1", "--eval_every=0", "--envs_per_actor=24",
+               f"--logdir={run_dir}"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout_s
@@ -84,3 +85,7 @@ def test_sigkill_then_resume_continues_counters_metrics_and_returns(tmp_path):
     config = json.load(open(os.path.join(run_dir, "config.json")))
     assert [s["resumed_from_env_steps"] for s in config["sessions"]] == [None, killed_at]
     assert config["args"]["platform"] == "local_mp"  # The run's settings stay as they were.
+    resumed = config["sessions"][1]["settings"]["args"]
+    # Settings come from the run, flags given on resume override them.
+    assert resumed["envs_per_actor"] == 24 and resumed["checkpoint_every_s"] == 1
+    assert resumed["platform"] == "local_mt" and resumed["eval_every"] == 100000
