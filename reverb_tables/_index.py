@@ -89,8 +89,10 @@ class PrioritizedIndex(Index):
         self.live = UniformIndex(capacity)
 
     def _weight(self, priority):
-        # np.power(0, 0) == 1, as std::pow in Reverb: exponent 0 means uniform over all items.
-        return np.power(np.asarray(priority, np.float64), self.exponent)
+        # Priority 0 weighs 0 even with exponent 0 (where np.power(0, 0) == 1): dm-reverb
+        # never samples such an item (checked by the conformance suite on both backends).
+        p = np.asarray(priority, np.float64)
+        return np.where(p > 0, np.power(p, self.exponent), 0.0)
 
     def _set(self, slot: int, weight: float) -> None:
         i = self.num_leaves + slot

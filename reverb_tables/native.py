@@ -58,7 +58,7 @@ def check_priority(priority: Any, table: str, key: Any = None) -> float:
     return value
 
 
-def _check_timeout(timeout_s: float | None) -> float | None:
+def check_timeout(timeout_s: float | None) -> float | None:
     """Returns the deadline (time.monotonic) of a call with this timeout, None = no deadline."""
     if timeout_s is None:
         return None
@@ -68,6 +68,71 @@ def _check_timeout(timeout_s: float | None) -> float | None:
             f"timeout_s must be None (wait forever) or a number >= 0, got {timeout_s!r}"
         )
     return time.monotonic() + float(timeout_s)
+
+
+class DataChecker:
+    """Checks inserted data against a table's signature (shared by both backends).
+
+    Args:
+        spec: the table's spec; without a signature any pytree of arrays is accepted.
+    """
+
+    def __init__(self, spec: spec_lib.TableSpec):
+        self.name = spec.name
+        if spec.signature is not None:
+            pairs, self.treedef = tree_lib.flatten_with_paths(spec.signature)
+            self.paths = [p for p, _ in pairs]
+            self.leaf_specs: list[spec_lib.ArraySpec] = [s for _, s in pairs]
+        else:
+            self.treedef = None
+            self.paths, self.leaf_specs = [], []
+
+    def prepare(self, data: Any) -> Any:
+        """Validates and converts `data` for this table (no lock, no state change).
+
+        Returns:
+            With a signature, the list of leaves as arrays of the signature's dtypes; without,
+            a (treedef, leaves) pair of copied arrays.
+
+        Raises:
+            SignatureError: the structure, a shape or a dtype differs from the signature.
+        """
+        pairs, treedef = tree_lib.flatten_with_paths(data)
+        if self.treedef is None:
+            return treedef, [np.array(leaf, copy=True) for _, leaf in pairs]
+        if treedef != self.treedef:
+            got = [p for p, _ in pairs]
+            missing = [p for p in self.paths if p not in got]
+            extra = [p for p in got if p not in self.paths]
+            raise SignatureError(
+                f"data does not match the signature of table {self.name!r}: expected leaves "
+                f"{self.paths}, got {got}" + (f"; missing {missing}" if missing else "")
+                + (f"; unexpected {extra}" if extra else "")
+                + ("" if missing or extra else " (same paths, different container types)")
+            )
+        out = []
+        for (path, leaf), s in zip(pairs, self.leaf_specs, strict=True):
+            if hasattr(leaf, "dtype"):
+                arr = np.asarray(leaf)
+                if arr.dtype != s.dtype:
+                    raise SignatureError(
+                        f"table {self.name!r}, leaf {path}: expected dtype {s.dtype}, got "
+                        f"{arr.dtype} (shape {arr.shape})"
+                    )
+            else:  # Python scalars and lists: convert when no precision class is crossed.
+                arr = np.asarray(leaf)
+                if not np.can_cast(arr.dtype, s.dtype, casting="same_kind"):
+                    raise SignatureError(
+                        f"table {self.name!r}, leaf {path}: expected dtype {s.dtype}, got a "
+                        f"{type(leaf).__name__} of dtype {arr.dtype}"
+                    )
+                arr = arr.astype(s.dtype)
+            if arr.shape != s.shape:
+                raise SignatureError(
+                    f"table {self.name!r}, leaf {path}: expected shape {s.shape}, got {arr.shape}"
+                )
+            out.append(arr)
+        return out
 
 
 class Table:
@@ -91,20 +156,19 @@ class Table:
         self._min_diff = float(limiter.min_diff)
         self._max_diff = float(limiter.max_diff)
 
-        if spec.signature is not None:
-            pairs, self._treedef = tree_lib.flatten_with_paths(spec.signature)
-            self._paths = [p for p, _ in pairs]
-            self._leaf_specs: list[spec_lib.ArraySpec] = [s for _, s in pairs]
-        else:
-            self._treedef = None
-            self._paths, self._leaf_specs = [], []
+        self._checker = DataChecker(spec)
+        self._treedef = self._checker.treedef
+        self._paths, self._leaf_specs = self._checker.paths, self._checker.leaf_specs
         self._init_state()
 
     # ---------------------------------------------------------------- state
     def _init_state(self) -> None:
         """(Re)allocates empty storage, indices and counters."""
-        spec, cap = self._spec, int(self._spec.max_size)
-        self._capacity = cap
+        spec = self._spec
+        self._capacity = int(spec.max_size)
+        # One spare slot: as in Reverb, an insert into a full table adds the new item first and
+        # then evicts the remover's choice, which may be the new item itself (e.g. with Lifo).
+        cap = self._capacity + 1
         self._keys = np.zeros(cap, np.uint64)
         self._priorities = np.zeros(cap, np.float64)
         self._times_sampled = np.zeros(cap, np.int64)
@@ -149,17 +213,16 @@ class Table:
 
     def _can_insert(self) -> bool:
         c = self._counters
-        if c["inserts"] + 1 - c["deletes"] <= self._min_size:
-            return True  # inserts are free until the table reaches min_size_to_sample
-        return (c["inserts"] + 1) * self._spi - c["samples"] <= self._max_diff
+        return spec_lib.insert_admitted(self._spec.rate_limiter, c["inserts"], c["samples"],
+                                        c["deletes"])
 
     def _admissible_samples(self, limit: int) -> int:
         """How many of `limit` samples the limiter admits now, without blocking."""
-        c = self._counters
-        if self._closed or c["inserts"] - c["deletes"] < self._min_size:
+        if self._closed:
             return 0
-        room = self._diff() - self._min_diff  # CanSample(n) <=> n <= room
-        return limit if room >= limit else max(0, math.floor(room))
+        c = self._counters
+        return spec_lib.samples_admitted(self._spec.rate_limiter, c["inserts"], c["samples"],
+                                         c["deletes"], limit)
 
     def _limiter_state(self) -> str:
         c = self._counters
@@ -199,51 +262,8 @@ class Table:
 
     # ---------------------------------------------------------------- data
     def prepare(self, data: Any) -> Any:
-        """Validates and converts `data` for this table (no lock, no state change).
-
-        Returns:
-            With a signature, the list of leaves as arrays of the signature's dtypes; without,
-            a (treedef, leaves) pair of copied arrays.
-
-        Raises:
-            SignatureError: the structure, a shape or a dtype differs from the signature.
-        """
-        pairs, treedef = tree_lib.flatten_with_paths(data)
-        if self._treedef is None:
-            return treedef, [np.array(leaf, copy=True) for _, leaf in pairs]
-        if treedef != self._treedef:
-            got = [p for p, _ in pairs]
-            missing = [p for p in self._paths if p not in got]
-            extra = [p for p in got if p not in self._paths]
-            raise SignatureError(
-                f"data does not match the signature of table {self.name!r}: expected leaves "
-                f"{self._paths}, got {got}" + (f"; missing {missing}" if missing else "")
-                + (f"; unexpected {extra}" if extra else "")
-                + ("" if missing or extra else " (same paths, different container types)")
-            )
-        out = []
-        for (path, leaf), s in zip(pairs, self._leaf_specs, strict=True):
-            if hasattr(leaf, "dtype"):
-                arr = np.asarray(leaf)
-                if arr.dtype != s.dtype:
-                    raise SignatureError(
-                        f"table {self.name!r}, leaf {path}: expected dtype {s.dtype}, got "
-                        f"{arr.dtype} (shape {arr.shape})"
-                    )
-            else:  # Python scalars and lists: convert when no precision class is crossed.
-                arr = np.asarray(leaf)
-                if not np.can_cast(arr.dtype, s.dtype, casting="same_kind"):
-                    raise SignatureError(
-                        f"table {self.name!r}, leaf {path}: expected dtype {s.dtype}, got a "
-                        f"{type(leaf).__name__} of dtype {arr.dtype}"
-                    )
-                arr = arr.astype(s.dtype)
-            if arr.shape != s.shape:
-                raise SignatureError(
-                    f"table {self.name!r}, leaf {path}: expected shape {s.shape}, got {arr.shape}"
-                )
-            out.append(arr)
-        return out
+        """Validates and converts `data` for this table (see `DataChecker.prepare`)."""
+        return self._checker.prepare(data)
 
     def _gather(self, slots: np.ndarray) -> Any:
         """Data of `slots`, leaves stacked on a leading axis (lock held)."""
@@ -304,7 +324,7 @@ class Table:
             RateLimiterTimeout: the limiter did not admit the insert in time (table unchanged).
             TableClosedError: the table is or gets closed.
         """
-        deadline = _check_timeout(timeout_s)
+        deadline = check_timeout(timeout_s)
         priority = check_priority(priority, self.name)
         prepared = self.prepare(data)
         return self.insert_prepared(prepared, priority, key=key, deadline=deadline)
@@ -322,9 +342,6 @@ class Table:
             self._wait(self._can_insert, deadline, "insert")
             if key in self._slot_of_key:
                 raise ValueError(f"table {self.name!r} already holds an item with key {key}")
-            if self._live.size >= self._capacity:
-                victim = int(self._remover.sample(1, self._rng)[0][0])
-                self._remove_slot(victim, "evicted")
             slot = self._free.pop()
             if self._objects is None:
                 for storage, leaf in zip(self._leaves, prepared, strict=True):
@@ -344,6 +361,9 @@ class Table:
             self._sampler.insert(slot, priority, seq, useq)
             self._remover.insert(slot, priority, seq, useq)
             self._counters["inserts"] += 1
+            if self._live.size > self._capacity:
+                victim = int(self._remover.sample(1, self._rng)[0][0])
+                self._remove_slot(victim, "evicted")
             self._cond.notify_all()
         return key
 
@@ -403,7 +423,7 @@ class Table:
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
                 or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        deadline = _check_timeout(timeout_s)
+        deadline = check_timeout(timeout_s)
         parts: list[tuple] = []
         taken = 0
         with self._cond:
@@ -580,7 +600,7 @@ class Table:
                 + "; ".join(diffs)
             )
         n = len(arrays["slots"])
-        if n > self._capacity or len(arrays["free"]) != self._capacity - n:
+        if n > self._capacity or len(arrays["free"]) != self._capacity + 1 - n:
             raise ValueError(f"checkpoint of table {self.name!r} is inconsistent (sizes)")
         for i, s in enumerate(self._leaf_specs):
             leaf = arrays[f"leaf_{i}"]
@@ -682,7 +702,7 @@ class NativeClient:
             raise ValueError(
                 f"priorities must be a non-empty {{table name: priority}} dict, got {priorities!r}"
             )
-        deadline = _check_timeout(timeout_s)
+        deadline = check_timeout(timeout_s)
         plan = []
         for name, p in priorities.items():
             table = self.table(name)

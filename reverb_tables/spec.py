@@ -85,8 +85,9 @@ class Uniform(Selector):
 class Prioritized(Selector):
     """Selects item i with probability p_i^a / sum_j p_j^a (Schaul et al., 2016, PER).
 
-    With `priority_exponent` 0 every item, even of priority 0, is equally likely (0^0 = 1, as
-    `std::pow` in Reverb). When every weight p^a is 0 the native backend falls back to uniform.
+    An item of priority 0 is never sampled, even with `priority_exponent` 0 (where every other
+    item is equally likely), as in dm-reverb. When every priority is 0 the native backend falls
+    back to uniform.
 
     Attributes:
         priority_exponent: a >= 0.
@@ -308,6 +309,22 @@ class Queue(RateLimiterSpec):
 @dataclasses.dataclass(frozen=True)
 class Stack(Queue):
     """As `Queue`, for Lifo sampler and remover (`TableSpec.stack(...)`)."""
+
+
+def insert_admitted(limiter: RateLimiterSpec, inserts: int, samples: int, deletes: int) -> bool:
+    """Whether `limiter` admits one more insert, given the table's counters (module doc)."""
+    if inserts + 1 - deletes <= limiter.min_size_to_sample:
+        return True  # Inserts are free until the table reaches min_size_to_sample.
+    return (inserts + 1) * limiter.samples_per_insert - samples <= limiter.max_diff
+
+
+def samples_admitted(limiter: RateLimiterSpec, inserts: int, samples: int, deletes: int,
+                     limit: int) -> int:
+    """How many of `limit` samples `limiter` admits now, given the table's counters."""
+    if inserts - deletes < limiter.min_size_to_sample:
+        return 0
+    room = inserts * limiter.samples_per_insert - samples - limiter.min_diff  # n <= room
+    return limit if room >= limit else max(0, math.floor(room))
 
 
 # --------------------------------------------------------------------------------------------
