@@ -25,7 +25,8 @@ test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
 # dm-reverb pins TensorFlow 2.15, numpy<2 and jax 0.4.34, so it gets its own environment
-# (Python 3.11). Work in progress: not yet part of .ci/run (see the replay issue).
+# (Python 3.11). The replay tests run there on both backends, and IMPALA trains through a
+# dm-reverb Queue table on jax 0.4.34.
 REVERB_VENV := .venv-reverb
 $(REVERB_VENV)/.installed: pyproject.toml
 	test -x $(REVERB_VENV)/bin/python || python3.11 -m venv $(REVERB_VENV)
@@ -35,7 +36,8 @@ $(REVERB_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-reverb: $(REVERB_VENV)/.installed
-	$(REVERB_VENV)/bin/python -m pytest -q tests/test_reverb_tables.py tests/test_reverb_tables_native.py
+	$(REVERB_VENV)/bin/python -m pytest -q tests/test_reverb_tables.py \
+		tests/test_reverb_tables_native.py tests/test_replay_node.py tests/test_unroll_queue.py
 
 lint: setup
 	$(BIN)/ruff check .

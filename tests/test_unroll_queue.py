@@ -78,12 +78,15 @@ def test_concurrent_producers_lose_and_duplicate_nothing(make_queue):
         assert mine == sorted(mine)
 
 
-def test_run_through_a_replay_node_learns(tmp_path):
+@pytest.mark.parametrize("backend", ["native", pytest.param("reverb", marks=pytest.mark.reverb)])
+def test_run_through_a_replay_node_learns(backend, tmp_path):
+    if backend == "reverb" and not rt.reverb_available():
+        pytest.skip("dm-reverb is not installed here (`make test-reverb` runs this)")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(
         [sys.executable, os.path.join(repo, "launch", "run.py"), "--platform=local_mp",
-         "--unroll_queue=replay", "--total_env_steps=60000", "--stop_at_return=none",
-         f"--logdir={tmp_path}"],
+         "--unroll_queue=replay", f"--replay_backend={backend}", "--total_env_steps=60000",
+         "--stop_at_return=none", "--eval_every=0", f"--logdir={tmp_path}"],
         capture_output=True, text=True, timeout=300, cwd=repo)
     assert out.returncode == 0, out.stderr
     with open(tmp_path / "summary.json") as f:
