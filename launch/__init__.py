@@ -14,7 +14,13 @@ This package never imports JAX, and importing it has no side effects.
 """
 
 from launch.launcher import PLATFORMS, LaunchResult, RunningProgram, launch
-from launch.node_context import node_label, request_stop, stop_event, stop_requested
+from launch.node_context import (
+    node_label,
+    request_stop,
+    restart_count,
+    stop_event,
+    stop_requested,
+)
 from launch.program import CourierNode, Handle, Node, Program, PyNode
 from launch.rpc import Client, RemoteError
 
@@ -32,6 +38,7 @@ __all__ = [
     "launch",
     "node_label",
     "request_stop",
+    "restart_count",
     "stop_event",
     "stop_requested",
 ]

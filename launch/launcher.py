@@ -2,8 +2,9 @@
 
 The platform-independent part lives here: a monitor thread reads the nodes' `Status` messages,
 decides the `LaunchResult` from the first decisive event (an error, a stop request, every run loop
-finished, a signal or `stop()`), then has the platform stop every node. Platforms (`local_mt`,
-`local_mp`) only start nodes, deliver their messages and stop them.
+finished, a signal or `stop()`), then has the platform stop every node. A failed node whose group
+allows restarts (`Program.group(..., max_restarts=N)`) is restarted instead, up to N times.
+Platforms (`local_mt`, `local_mp`) only start, restart and stop nodes and deliver their messages.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class Backend(Protocol):
     def poll(self, timeout_s: float) -> list[Status]:
         """Waits up to `timeout_s` for node messages (a process that died silently is one)."""
 
+    def restart(self, label: str, restarts: int) -> None:
+        """Runs node `label`, which failed, again; its code sees `restart_count() == restarts`."""
+
     def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
         """Sets the stop event, waits up to `timeout_s` for nodes to end, then forces them."""
 
@@ -84,6 +88,8 @@ class RunningProgram:
         self._not_ready = {node.label for node in program.nodes}
         self._running: set[str] = set()
         self._has_run_loops = False
+        self._nodes = {node.label: node for node in program.nodes}
+        self._restarts: dict[str, int] = {}
         self._monitor = threading.Thread(
             target=self._monitor_loop, name=f"launch-monitor:{program.name}", daemon=True
         )
@@ -119,6 +125,11 @@ class RunningProgram:
     def is_running(self) -> bool:
         """True until every node has been stopped."""
         return not self._done.is_set()
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Node label -> how many times the node was restarted after failing (so far)."""
+        return dict(self._restarts)
 
     @property
     def result(self) -> LaunchResult | None:
@@ -189,6 +200,8 @@ class RunningProgram:
             self._decide(LaunchResult("completed", "every run loop finished"))
 
     def _on_error(self, status: Status) -> None:
+        if self._maybe_restart(status):
+            return
         result = LaunchResult(
             "error",
             f"{status.label}: {status.reason}",
@@ -211,6 +224,28 @@ class RunningProgram:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+    def _maybe_restart(self, status: Status) -> bool:
+        """Restarts the failed node if its group allows another restart; returns whether it did."""
+        label = status.label
+        restarts = self._restarts.get(label, 0)
+        node = self._nodes.get(label)
+        if self._result is not None or node is None or restarts >= node.max_restarts:
+            return False
+        self._restarts[label] = restarts + 1
+        details = status.traceback.rstrip() or status.reason
+        print(
+            f"[launch] node '{label}' failed; restarting it (restart {restarts + 1} of "
+            f"{node.max_restarts}):\n{details}",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Until the new run reports "ready", the program can neither complete nor miss it.
+        self._running.discard(label)
+        self._not_ready.add(label)
+        self._backend.restart(label, restarts + 1)
+        return True
 
 
 @contextlib.contextmanager

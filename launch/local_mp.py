@@ -8,8 +8,8 @@ death is noticed at once. A process that dies without reporting is an error of i
 Child side (`child_main`): ignore SIGINT (Ctrl-C reaches the whole process group; the launcher
 coordinates the stop), exit if the launcher disappears, serve, run, report.
 
-A per-node restart policy would hook into `Backend.poll`, where a silent death is detected, and
-start a new process for the same node from its kept payload.
+A node the launcher restarts gets a new process from its kept payload, at the same address (the
+old process is gone first, so its port is free again).
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ class Backend:
         self._program = program
         self._context = multiprocessing.get_context("spawn")
         self._children: list[_Child] = []
+        self._stop_reader: multiprocessing.connection.Connection | None = None
         self._stop_writer: multiprocessing.connection.Connection | None = None
+        self._payloads: dict[str, bytes] = {}
         self._stopping = False
 
     def start(self) -> None:
@@ -64,24 +66,43 @@ class Backend:
                 rpc.TcpAddress(_HOST, rpc.free_port(_HOST), secret) if node.serves_rpcs else None
             )
         # Pickle every node before starting any: a bad argument fails the launch, not a node.
-        payloads = [program_lib.pickle_node(node) for node in nodes]
-        stop_reader, self._stop_writer = self._context.Pipe(duplex=False)
-        stop_event = PipeStopEvent(stop_reader)
+        self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
+        # The launcher keeps a read end too, for the processes of restarted nodes.
+        self._stop_reader, self._stop_writer = self._context.Pipe(duplex=False)
         with _spawn_ignoring_sigint():
-            for node, payload in zip(nodes, payloads, strict=True):
-                reader, writer = self._context.Pipe(duplex=False)
-                process = self._context.Process(
-                    target=child_main,
-                    args=(node.label, node.address, payload, writer, stop_event, os.getpid()),
-                    name=f"trellis:{node.label}",
-                )
-                process.start()
-                # Drop our copy of the write end so that the child's exit reads as EOF here.
-                writer.close()
-                self._children.append(
-                    _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
-                )
-        stop_reader.close()  # the children hold their copies
+            for node in nodes:
+                self._children.append(self._spawn(node, restarts=0))
+
+    def restart(self, label: str, restarts: int) -> None:
+        index = next(i for i, c in enumerate(self._children) if c.label == label)
+        old = self._children[index]
+        # The old process reported its error and is exiting, or is dead already; it must be
+        # gone before the new one binds the node's port.
+        old.process.join(_TERMINATE_WAIT_S)
+        if old.process.is_alive():
+            old.process.kill()
+            old.process.join()
+        if old.reader is not None:
+            old.reader.close()
+        old.process.close()
+        node = next(n for n in self._program.nodes if n.label == label)
+        # Not in the main thread, so SIGINT cannot be ignored around this spawn; a Ctrl-C
+        # that kills the new child while it imports stops the whole program anyway.
+        self._children[index] = self._spawn(node, restarts)
+
+    def _spawn(self, node: program_lib.Node, restarts: int) -> _Child:
+        reader, writer = self._context.Pipe(duplex=False)
+        assert self._stop_reader is not None
+        process = self._context.Process(
+            target=child_main,
+            args=(node.label, node.address, self._payloads[node.label], writer,
+                  PipeStopEvent(self._stop_reader), os.getpid(), restarts),
+            name=f"trellis:{node.label}",
+        )
+        process.start()
+        # Drop our copy of the write end so that the child's exit reads as EOF here.
+        writer.close()
+        return _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
 
     def poll(self, timeout_s: float) -> list[Status]:
         waitables: list[Any] = [c.reader for c in self._children if c.reader is not None]
@@ -138,6 +159,9 @@ class Backend:
         if self._stop_writer is not None:
             self._stop_writer.close()  # sets every child's PipeStopEvent
             self._stop_writer = None
+        if self._stop_reader is not None:
+            self._stop_reader.close()
+            self._stop_reader = None
         deadline = time.monotonic() + timeout_s
         while any(not c.exited for c in self._children):
             remaining = deadline - time.monotonic()
@@ -193,6 +217,7 @@ def child_main(
     writer: multiprocessing.connection.Connection,
     stop_event: PipeStopEvent,
     launcher_pid: int,
+    restarts: int = 0,
 ) -> None:
     """Entry point of a node process (runs under `spawn`).
 
@@ -203,6 +228,8 @@ def child_main(
       writer: write end of the status pipe to the launcher.
       stop_event: the program's shared stop event.
       launcher_pid: the launcher's pid; the node exits when its parent changes.
+      restarts: how many times the launcher restarted this node before (see
+        `launch.restart_count`).
     """
     # Set before unpickling: the node's imports may look at it (e.g. to pick log files).
     os.environ["TRELLIS_NODE_LABEL"] = label
@@ -220,7 +247,7 @@ def child_main(
             except OSError:
                 pass  # the launcher is gone; the watchdog ends this process
 
-    context = NodeContext(label, stop_event, report)
+    context = NodeContext(label, stop_event, report, restarts)
     node_context.bind_process(context)
     node_context.bind_thread(context)
     servers: list[rpc.TcpServer] = []

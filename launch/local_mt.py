@@ -29,6 +29,7 @@ class Backend:
         self._statuses: queue.SimpleQueue[Status] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._addresses: list[rpc.InprocAddress] = []
+        self._payloads: dict[str, bytes] = {}
         self._process_context: NodeContext | None = None
 
     def start(self) -> None:
@@ -41,7 +42,7 @@ class Backend:
                 else None
             )
         # Pickle every node before starting any: a bad argument fails the launch, not a node.
-        payloads = [program_lib.pickle_node(node) for node in nodes]
+        self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
         # Threads a node starts itself have no thread context; let them find this program's,
         # unless another program already claimed the process.
         if node_context.process_context() is None:
@@ -49,20 +50,31 @@ class Backend:
                 f"{self._program.name}(local_mt)", self._stop_event, self._statuses.put
             )
             node_context.bind_process(self._process_context)
-        for node, payload in zip(nodes, payloads, strict=True):
-            thread = threading.Thread(
-                target=self._run_node,
-                args=(node.label, node.address, payload),
-                name=f"node:{node.label}",
-                daemon=True,
-            )
-            thread.start()
-            self._threads.append(thread)
+        for node in nodes:
+            self._start_thread(node, restarts=0)
             if node.address is not None:
                 self._addresses.append(node.address)
 
-    def _run_node(self, label: str, address: rpc.InprocAddress | None, payload: bytes) -> None:
-        context = NodeContext(label, self._stop_event, self._statuses.put)
+    def restart(self, label: str, restarts: int) -> None:
+        # The failed node's thread has reported its error and is returning; the new one
+        # serves at the same address, replacing the old instance for callers.
+        node = next(n for n in self._program.nodes if n.label == label)
+        self._start_thread(node, restarts)
+
+    def _start_thread(self, node: program_lib.Node, restarts: int) -> None:
+        thread = threading.Thread(
+            target=self._run_node,
+            args=(node.label, node.address, self._payloads[node.label], restarts),
+            name=f"node:{node.label}",
+            daemon=True,
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _run_node(
+        self, label: str, address: rpc.InprocAddress | None, payload: bytes, restarts: int
+    ) -> None:
+        context = NodeContext(label, self._stop_event, self._statuses.put, restarts)
         node_context.bind_thread(context)
 
         def serve(instance) -> None:

@@ -58,11 +58,13 @@ class NodeContext:
       label: the node's label, e.g. "learner" or "actor/3".
       stop_event: set by the launcher when the program stops.
       report: sends a `Status` to the launcher; must be thread-safe.
+      restarts: how many times the platform restarted this node before this run of it.
     """
 
     label: str
     stop_event: StopEvent
     report: Callable[[Status], None]
+    restarts: int = 0
 
 
 _thread_local = threading.local()
@@ -126,6 +128,16 @@ def node_label() -> str | None:
     """Returns the label of the node running the caller, or None outside any node."""
     context = current()
     return context.label if context is not None else None
+
+
+def restart_count() -> int:
+    """Returns how many times this node was restarted (0 on its first run, and outside nodes).
+
+    A restarted node runs again from its original arguments; code that must not repeat its
+    first run (an env worker's seed, say) derives what it needs from this count.
+    """
+    context = current()
+    return context.restarts if context is not None else 0
 
 
 def request_stop(reason: str = "done", info: dict[str, Any] | None = None) -> None:

@@ -79,6 +79,8 @@ class Node:
         self._handle: Handle | None = None
         self.label = getattr(target, "__name__", type(target).__name__).lower()
         self.address: rpc.Address | None = None
+        #: How often the platform restarts the node after it fails (set by its group).
+        self.max_restarts = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # The handle points back at this node; drop it so only the arguments travel.
@@ -209,6 +211,7 @@ def dereference(value: Any) -> Any:
 class _Group:
     label: str
     nodes: list[Node] = dataclasses.field(default_factory=list)
+    max_restarts: int = 0
 
 
 class Program:
@@ -224,6 +227,11 @@ class Program:
       launch.launch(program, platform="local_mp")
 
     A node's label is its group's label when the group holds one node, else "group/index".
+
+    A group may let its nodes be restarted after they fail (like a Ray actor's
+    `max_restarts`): `with program.group("actor", max_restarts=3):`. A restarted node runs
+    again from its original arguments at the same address; `launch.restart_count()` tells
+    its code which incarnation it is, e.g. to draw a fresh seed.
     """
 
     def __init__(self, name: str):
@@ -232,14 +240,31 @@ class Program:
         self._current_group: str | None = None
 
     @contextlib.contextmanager
-    def group(self, label: str) -> Iterator[None]:
-        """Nodes added inside this block belong to group `label`."""
+    def group(self, label: str, max_restarts: int | None = None) -> Iterator[None]:
+        """Nodes added inside this block belong to group `label`.
+
+        Args:
+          label: the group's label.
+          max_restarts: how many times each node of the group may be restarted after it
+            raises or its process dies, before its failure stops the program; None keeps
+            the group's setting (0 unless set before).
+
+        Raises:
+          ValueError: a nested group, a bad label or a negative `max_restarts`.
+        """
         _check_label(label)
+        if max_restarts is not None and (not isinstance(max_restarts, int) or max_restarts < 0):
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         if self._current_group is not None:
             raise ValueError(
                 f"groups do not nest: group('{label}') opened inside group('{self._current_group}')"
             )
         self._current_group = label
+        if max_restarts is not None:
+            group = self._groups.setdefault(label, _Group(label))
+            group.max_restarts = max_restarts
+            for node in group.nodes:
+                node.max_restarts = max_restarts
         try:
             yield
         finally:
@@ -271,6 +296,7 @@ class Program:
         _check_label(group_label)
         group = self._groups.setdefault(group_label, _Group(group_label))
         group.nodes.append(node)
+        node.max_restarts = group.max_restarts
         node._handle = Handle(node)
         self._relabel(group)
         return node._handle

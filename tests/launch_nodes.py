@@ -101,6 +101,30 @@ class FailingRun:
         raise ValueError("boom in run")
 
 
+class Flaky:
+    """Fails its first `failures` runs (raising, or killing its own process), then asks to stop.
+
+    Each run appends its pid and restart count to `log` (one line per run), so a test sees
+    every incarnation.
+    """
+
+    def __init__(self, log: str, failures: int, kill: bool = False):
+        restarts = launch.restart_count()
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {restarts}\n")
+        self._fail = restarts < failures
+        self._kill = kill
+
+    def run(self) -> None:
+        if not self._fail:
+            launch.request_stop("recovered", {"restarts": launch.restart_count()})
+            launch.stop_event().wait(30)
+        elif self._kill:
+            os.kill(os.getpid(), 9)
+        else:
+            raise ValueError(f"flaky run {launch.restart_count()}")
+
+
 class FailingInit:
     def __init__(self):
         raise RuntimeError("boom in constructor")

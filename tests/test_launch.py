@@ -211,6 +211,43 @@ def test_kill_minus_nine_is_an_error_and_breaks_calls_at_once():
     assert "SIGKILL" in result.reason
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_group_restarts_failed_nodes_up_to_its_limit(platform, tmp_path, capfd):
+    log = tmp_path / "runs.log"
+    # A raise on both platforms; on local_mp also a silent death (kill -9 of its own process).
+    kills = [False, True] if platform == "local_mp" else [False]
+    for kill in kills:
+        log.write_text("")
+        program = launch.Program("flaky")
+        with program.group("flaky", max_restarts=2):
+            program.add_node(launch.CourierNode(nodes.Flaky, str(log), failures=2, kill=kill))
+        program.add_node(launch.CourierNode(nodes.Runner), label="steady")
+        running = launch.launch(program, platform=platform, block=False)
+        result = running.wait(timeout=60)
+        assert result == launch.LaunchResult("requested", "recovered", {"restarts": 2})
+        assert running.restarts == {"flaky": 2}
+        runs = [line.split() for line in log.read_text().splitlines()]
+        assert [int(r) for _, r in runs] == [0, 1, 2]
+        if platform == "local_mp":
+            assert len({pid for pid, _ in runs}) == 3  # a fresh process each time
+        assert capfd.readouterr().err.count("node 'flaky' failed; restarting it") == 2
+
+    # One failure more than the group allows stops the program with that failure.
+    log.write_text("")
+    program = launch.Program("flaky")
+    with program.group("flaky", max_restarts=1):
+        program.add_node(launch.CourierNode(nodes.Flaky, str(log), failures=2))
+    result = launch.launch(program, platform=platform)
+    assert (result.stopped_by, result.reason) == ("error", "flaky: ValueError: flaky run 1")
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_max_restarts_must_be_a_count():
+    with pytest.raises(ValueError, match="max_restarts must be an int >= 0, got -1"):
+        with launch.Program("p").group("g", max_restarts=-1):
+            pass
+
+
 def _launch_script() -> tuple[subprocess.Popen, list[int]]:
     process = subprocess.Popen(
         [sys.executable, "-c", nodes.SIGNAL_SCRIPT],
