@@ -97,6 +97,9 @@ class ExperimentConfig:
     # Acting.
     num_actors: int = 2
     envs_per_actor: int = 32
+    # Times each env worker is restarted (fresh process, fresh seed) after it dies or its env
+    # raises, before its failure stops the run.
+    max_actor_restarts: int = 3
     # Stopping: whichever comes first.
     total_env_steps: int = 1_000_000
     stop_at_return: float | None = None
@@ -126,6 +129,8 @@ class ExperimentConfig:
     def __post_init__(self):
         name = "ExperimentConfig"
         require(self.num_actors >= 1, f"{name}: num_actors must be >= 1, got {self.num_actors}")
+        require(self.max_actor_restarts >= 0,
+                f"{name}: max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
         require(self.envs_per_actor >= 1,
                 f"{name}: envs_per_actor must be >= 1, got {self.envs_per_actor}")
         require(self.total_env_steps >= 1,

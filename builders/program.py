@@ -18,6 +18,9 @@ def make_program(
 ) -> launch.Program:
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
+    Env workers are restarted up to `config.max_actor_restarts` times each; the learner is
+    never restarted (its failure stops the program).
+
     With `config.unroll_queue == "replay"` a "replay" node holds the Queue table through
     which unrolls reach the learner. With `config.eval_every > 0` an "evaluator" node runs
     the greedy policy on envs of its own.
@@ -40,7 +43,9 @@ def make_program(
     with program.group("learner"):
         learner = program.add_node(
             launch.CourierNode(LearnerNode, builder, env_factory, config, replay))
-    with program.group("actor"):
+    # A restarted env worker comes back with a new run id; inference then drops its partial
+    # unrolls, so no unroll spans the restart.
+    with program.group("actor", max_restarts=config.max_actor_restarts):
         for i in range(config.num_actors):
             seed = config.seed * 10_007 + i + 1  # Distinct per actor, reproducible per run.
             program.add_node(launch.CourierNode(

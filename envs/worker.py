@@ -48,7 +48,9 @@ class EnvWorker:
         truncated, first, episodes) -> actions`.
       worker_id: index of this worker; the inference server owns its env slots.
       num_envs: K, the envs this worker steps in lockstep.
-      seed: base seed; each (re)start draws a fresh run id so the server resets the slots.
+      seed: base seed of the first run; a restarted worker (see `launch.restart_count`) seeds
+        its envs from (seed, restart count) instead, so it does not replay its first episodes.
+        Each run draws a fresh run id, so the server resets the worker's slots.
     """
 
     def __init__(
@@ -74,15 +76,19 @@ class EnvWorker:
 
     def run(self) -> None:
         run_id = secrets.randbits(62)  # New process, new id: the server resets our slots.
-        envs = self._factory.make_vector(self._num_envs, seed=self._seed)
+        restarts = launch.restart_count()
+        seed = self._seed
+        if restarts:
+            seed = int(np.random.SeedSequence((self._seed, restarts)).generate_state(1)[0])
+        envs = self._factory.make_vector(self._num_envs, seed=seed)
         try:
-            self._loop(envs, run_id)
+            self._loop(envs, run_id, seed)
         finally:
             envs.close()
 
-    def _loop(self, envs, run_id: int) -> None:
+    def _loop(self, envs, run_id: int, seed: int) -> None:
         k = self._num_envs
-        obs, _ = envs.reset(seed=self._seed)
+        obs, _ = envs.reset(seed=seed)
         reward = np.zeros(k, np.float32)
         terminated = np.zeros(k, bool)
         truncated = np.zeros(k, bool)

@@ -126,6 +126,7 @@ def run_experiment(
         "episodes": stats.get("episodes", 0),
         "learner_steps": stats.get("learner_steps", 0),
         "resumed_from_env_steps": resume_steps,
+        "node_restarts": running.restarts,  # Label -> restarts after failures (env workers).
         "stop_at_return": config.stop_at_return,
         "total_env_steps": config.total_env_steps,
     }

@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default="CartPole-v1", help="a Gymnasium id")
     p.add_argument("--num_actors", type=int, default=2, help="env worker nodes")
     p.add_argument("--envs_per_actor", type=int, default=32, help="envs per env worker")
+    p.add_argument("--max_actor_restarts", type=int, default=3,
+                   help="times each env worker is restarted after it dies or its env raises")
     p.add_argument("--unroll_length", type=int, default=None, help="agent default if unset")
     p.add_argument("--batch_size", type=int, default=None, help="agent default if unset")
     p.add_argument("--learning_rate", type=float, default=None, help="agent default if unset")
@@ -152,6 +154,7 @@ def build(args: argparse.Namespace):
     config = ExperimentConfig(
         num_actors=args.num_actors,
         envs_per_actor=args.envs_per_actor,
+        max_actor_restarts=args.max_actor_restarts,
         total_env_steps=args.total_env_steps,
         stop_at_return=stop_at_return,
         seed=args.seed,
