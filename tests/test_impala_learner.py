@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
         "first": rng.random((T, B)) < 0.1,
     }
     out = {}
-    for n in (1, len(jax.devices())):
+    for n in (1, 2, 4):
         from agents.impala.learner import Learner
         learner = Learner(networks, builder.config, jax.random.PRNGKey(0), jax.devices()[:n])
         for _ in range(3):
@@ -41,13 +41,16 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_two_devices_match_one_device():
-    result = run_with_cpu_devices(SCRIPT, num_devices=2)
-    one, two = result["1"], result["2"]
-    assert two["shards"] == 2  # Params replicated on both devices, batch split over them.
-    for a, b in zip(one["params"], two["params"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(one["loss"], two["loss"], rtol=1e-5)
+def test_two_and_four_devices_match_one_device():
+    result = run_with_cpu_devices(SCRIPT, num_devices=4)
+    one = result["1"]
+    for n in ("2", "4"):
+        many = result[n]
+        # Params replicated on every device, the batch split over them.
+        assert many["shards"] == int(n)
+        for a, b in zip(one["params"], many["params"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(one["loss"], many["loss"], rtol=1e-5)
 
 
 def _loss_inputs(seed, T=8, A=3):
