@@ -1,4 +1,4 @@
-"""PPO learner: one update learns, 2-device data parallel matches 1 device, the Gaussian
+"""PPO learner: one update learns, 2- and 4-device data parallel match 1 device, the Gaussian
 head learns end to end through the builder's policy and learner, config errors speak."""
 
 import textwrap
@@ -67,7 +67,7 @@ SCRIPT = textwrap.dedent("""
     config = PPOConfig(unroll_length=6, batch_size=8, num_minibatches=4, num_epochs=2)
     networks = PPOBuilder(config).make_networks(EnvSpec((4,), "float32", 2, (), "int32"))
     out = {}
-    for n in (1, len(jax.devices())):
+    for n in (1, 2, 4):
         learner = Learner(networks, config, jax.random.PRNGKey(0), jax.devices()[:n])
         for i in range(3):
             metrics = learner.step(random_batch(i, T=6, B=8))
@@ -80,13 +80,16 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_two_devices_match_one_device():
-    result = run_with_cpu_devices(SCRIPT, num_devices=2)
-    one, two = result["1"], result["2"]
-    assert two["shards"] == 2  # Params replicated on both devices, batch split over them.
-    for a, b in zip(one["params"], two["params"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(one["loss"], two["loss"], rtol=1e-5)
+def test_two_and_four_devices_match_one_device():
+    """Minibatches of 12 transitions, shuffled over the whole batch, split over 2 or 4."""
+    result = run_with_cpu_devices(SCRIPT, num_devices=4)
+    one = result["1"]
+    for n in ("2", "4"):
+        many = result[n]
+        assert many["shards"] == int(n)  # Params replicated on every device.
+        for a, b in zip(one["params"], many["params"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(one["loss"], many["loss"], rtol=1e-5)
 
 
 def test_gaussian_policy_learns_a_continuous_bandit():
