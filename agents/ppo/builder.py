@@ -6,7 +6,7 @@ import jax
 
 from agents.ppo.config import PPOConfig
 from agents.ppo.learner import Learner
-from agents.ppo.networks import PPONetworks, make_networks
+from agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
 from builders.base import ArraySpec, QueueSpec
 from envs.specs import EnvSpec
 
@@ -38,7 +38,7 @@ class PPOBuilder:
         """
         extras = {"log_prob": ArraySpec((), "float32"), "value": ArraySpec((), "float32")}
         if not spec.discrete:
-            extras["raw_action"] = ArraySpec(spec.action_shape, "float32")
+            extras[DiagonalGaussian.learn_field] = ArraySpec(spec.action_shape, "float32")
         return extras
 
     def make_policy(self, networks: PPONetworks, evaluation: bool = False):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import flax.linen as nn
 import jax
@@ -48,7 +48,7 @@ class ActionDistribution(Protocol):
 class Categorical:
     """Categorical over `num_actions` from logits [..., A]."""
 
-    learn_field: str = "action"
+    learn_field: ClassVar[str] = "action"
 
     def sample(self, key, logits):
         action = jax.random.categorical(key, logits).astype(jnp.int32)
@@ -70,9 +70,10 @@ class Categorical:
 class DiagonalGaussian:
     """Diagonal Gaussian from (mean, log_std), each [..., D]; env actions clipped to bounds."""
 
+    learn_field: ClassVar[str] = "raw_action"
+
     low: tuple[float, ...]
     high: tuple[float, ...]
-    learn_field: str = "raw_action"
 
     def sample(self, key, params):
         mean, log_std = params
