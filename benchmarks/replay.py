@@ -6,9 +6,15 @@ With only the native backend installed it measures that one.
 
 Items: CartPole-size (length-20 trajectories of float32[4] observations plus int32 actions
 and float32 rewards) and Atari-size (length-20 trajectories of uint8[84, 84, 4]). Tables: a
-prioritized table (exponent 0.6, MinSize(1), uniform remover FIFO) and a queue (Queue,
-FIFO, max_times_sampled=1). "in-process": the client holds the tables; "2nd process": the
-tables live in a replay node on local_mp and the benchmark calls it over the program's RPC.
+prioritized table (exponent 0.6, MinSize(1), FIFO remover) and a queue (Queue, FIFO,
+max_times_sampled=1). "in-process": the client holds the tables; "2nd process": the tables
+live in a replay node on local_mp and the benchmark calls it over the program's RPC.
+
+Steady state: each table is filled to capacity before timing (untimed), so timed inserts
+into the prioritized table evict, and the queue is timed over full fill / drain cycles.
+Samples are batches of `--batch_size` items. With dm-reverb installed, Reverb's own client
+paths are measured too, in-process ("reverb-raw": `Client.insert`, `Client.sample`, and the
+TensorFlow `TrajectoryDataset`, its fastest sampling path), as the reference to beat.
 Prints a table, then one JSON object with every figure as the last line.
 """
 
@@ -24,7 +30,7 @@ from common import rounded
 import launch
 from reverb_tables import spec as S
 from reverb_tables.client import make_client, reverb_available
-from reverb_tables.node import ReplayNode
+from reverb_tables.node import ReplayClient, ReplayNode
 
 ITEMS = {
     "cartpole": {"obs": S.ArraySpec((20, 4), np.float32), "action": S.ArraySpec((20,), np.int32),
@@ -39,83 +45,161 @@ def tables(item: str, max_size: int) -> list[S.TableSpec]:
     return [
         S.TableSpec("prioritized", S.Prioritized(0.6), S.Fifo(), max_size, S.MinSize(1),
                     signature=sig),
-        S.TableSpec("queue", S.Fifo(), S.Fifo(), max_size, S.Queue(max_size),
-                    max_times_sampled=1, signature=sig),
+        S.TableSpec.queue("queue", max_size, signature=sig),
     ]
 
 
-def make_item(item: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def make_item(item: str) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
     return {k: (rng.integers(0, 255, s.shape) if s.dtype == np.uint8 else
                 rng.normal(size=s.shape)).astype(s.dtype) for k, s in ITEMS[item].items()}
 
 
-def measure(client, table: str, item: str, seconds: float, batch_size: int,
-            max_size: int) -> dict[str, float]:
-    """Inserts/s (one item per call) for `seconds`, then sampled items/s (batches)."""
-    rng = np.random.default_rng(0)
-    data = make_item(item, rng)
+def _rate(fn, seconds: float) -> float:
+    """Calls `fn()` (which returns items done) for `seconds`; items per second."""
     n, start = 0, time.perf_counter()
-    limit = max_size  # The queue blocks when full: never insert more than it holds.
-    while time.perf_counter() - start < seconds and n < limit:
-        client.insert(data, {table: 1.0 + (n % 7)})
-        n += 1
-    inserts_per_s = n / (time.perf_counter() - start)
-    sampled, start = 0, time.perf_counter()
-    available = n if table == "queue" else float("inf")
-    while time.perf_counter() - start < seconds and sampled + batch_size <= available:
-        client.sample(table, batch_size)
-        sampled += batch_size
-    return {"inserts_per_s": inserts_per_s,
-            "samples_per_s": sampled / (time.perf_counter() - start)}
+    while time.perf_counter() - start < seconds:
+        n += fn()
+    return n / (time.perf_counter() - start)
+
+
+def measure(client, item: str, seconds: float, batch_size: int, max_size: int) -> dict:
+    """Inserts/s (one item per call) and sampled items/s, per table, in steady state."""
+    data = make_item(item)
+    counter = iter(range(10**9))
+
+    def insert(table):
+        client.insert(data, {table: 1.0 + next(counter) % 7})
+        return 1
+
+    for _ in range(max_size):  # Untimed fill: from here on every insert evicts.
+        insert("prioritized")
+    out = {"prioritized": {
+        "inserts_per_s": _rate(lambda: insert("prioritized"), seconds),
+        "samples_per_s": _rate(lambda: len(client.sample("prioritized", batch_size)), seconds),
+    }}
+    # The queue holds at most max_size items: time whole fill / drain cycles, after an
+    # untimed one (so storage is touched once, as in a long run).
+    batches = max_size // batch_size
+    for _ in range(batches * batch_size):
+        insert("queue")
+    for _ in range(batches):
+        client.sample("queue", batch_size)
+    insert_s = sample_s = 0.0
+    inserted = sampled = 0
+    while insert_s + sample_s < 2 * seconds or not sampled:
+        start = time.perf_counter()
+        for _ in range(batches * batch_size):
+            insert("queue")
+        insert_s += time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(batches):
+            client.sample("queue", batch_size)
+        sample_s += time.perf_counter() - start
+        inserted += batches * batch_size
+        sampled += batches * batch_size
+    out["queue"] = {"inserts_per_s": inserted / insert_s, "samples_per_s": sampled / sample_s}
+    return out
 
 
 def run_in_process(backend, item, args):
-    client = make_client(tables(item, args.max_size), backend, seed=0)
+    client = make_client(tables(item, args.max_size[item]), backend, seed=0)
     try:
-        return {t: measure(client, t, item, args.seconds, args.batch_size, args.max_size)
-                for t in ("prioritized", "queue")}
+        return measure(client, item, args.seconds, args.batch_size, args.max_size[item])
     finally:
         client.close()
 
 
 def run_remote(backend, item, args):
     program = launch.Program("replay-benchmark")
-    node = program.add_node(launch.CourierNode(ReplayNode, tables(item, args.max_size), backend,
-                                               0), label="replay")
+    node = program.add_node(launch.CourierNode(ReplayNode, tables(item, args.max_size[item]),
+                                               backend, 0), label="replay")
     with launch.launch(program, platform="local_mp", block=False):
-        client = node.dereference()
-        return {t: measure(client, t, item, args.seconds, args.batch_size, args.max_size)
-                for t in ("prioritized", "queue")}
+        client = ReplayClient(node.dereference())
+        return measure(client, item, args.seconds, args.batch_size, args.max_size[item])
+
+
+def run_reverb_raw(item, args):
+    """Reverb's own client paths on the prioritized table (the reference figures)."""
+    import reverb
+    import tensorflow as tf
+
+    max_size = args.max_size[item]
+    signature = {k: tf.TensorSpec(s.shape, tf.as_dtype(s.dtype)) for k, s in ITEMS[item].items()}
+    table = reverb.Table("prioritized", reverb.selectors.Prioritized(0.6),
+                         reverb.selectors.Fifo(), max_size, reverb.rate_limiters.MinSize(1),
+                         signature=signature)
+    server = reverb.Server([table])
+    client = reverb.Client(f"localhost:{server.port}")
+    data = make_item(item)
+    # One long-lived writer, as Reverb recommends; every item is one squeezed step.
+    writer = client.trajectory_writer(num_keep_alive_refs=1)
+    try:
+        def insert():
+            writer.append(data)
+            writer.create_item("prioritized", 1.0, {k: writer.history[k][-1] for k in data})
+            writer.flush(block_until_num_items=16)  # Bounded in flight, as a real actor.
+            return 1
+
+        for _ in range(max_size):
+            insert()
+        writer.flush()
+
+        def sample():
+            return len(list(client.sample("prioritized", num_samples=args.batch_size,
+                                          emit_timesteps=False)))
+
+        dataset = reverb.TrajectoryDataset.from_table_signature(
+            f"localhost:{server.port}", "prioritized", max_in_flight_samples_per_worker=
+            2 * args.batch_size).batch(args.batch_size)
+        batches = iter(dataset)
+        next(batches)  # Builds the TensorFlow pipeline outside the timing.
+        return {"prioritized": {
+            "inserts_per_s": _rate(insert, args.seconds),
+            "samples_per_s": _rate(sample, args.seconds),
+            "dataset_samples_per_s": _rate(lambda: len(next(batches).info.key), args.seconds),
+        }}
+    finally:
+        writer.close()
+        server.stop()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=2.0, help="per operation and case")
     p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_size", type=int, default=5_000,
+    p.add_argument("--cartpole_max_size", type=int, default=4096)
+    p.add_argument("--atari_max_size", type=int, default=512,
                    help="table capacity (the native backend preallocates it: Atari items are "
                         "564 KB each)")
     p.add_argument("--backends", default=None, help="comma list; default: all installed")
     args = p.parse_args()
+    args.max_size = {"cartpole": args.cartpole_max_size, "atari": args.atari_max_size}
     backends = (args.backends.split(",") if args.backends else
                 ["native"] + (["reverb"] if reverb_available() else []))
-    results: dict = {"batch_size": args.batch_size, "seconds": args.seconds}
+    results: dict = {"batch_size": args.batch_size, "seconds": args.seconds,
+                     "max_size": args.max_size}
     rows = []
+    cases = [(backend, mode, fn) for mode, fn in (("in-process", run_in_process),
+                                                  ("2nd process", run_remote))
+             for backend in backends]
+    if "reverb" in backends:
+        cases.append(("reverb-raw", "in-process", lambda b, i, a: run_reverb_raw(i, a)))
     for item in ("cartpole", "atari"):
-        for mode, fn in (("in-process", run_in_process), ("2nd process", run_remote)):
-            for backend in backends:
-                print(f"measuring {backend} {item} {mode} ...", flush=True)
-                r = fn(backend, item, args)
-                results[f"{backend}/{item}/{mode}"] = r
-                for t, v in r.items():
-                    rows.append((backend, item, mode, t, v["inserts_per_s"], v["samples_per_s"]))
+        for backend, mode, fn in cases:
+            print(f"measuring {backend} {item} {mode} ...", flush=True)
+            r = fn(backend, item, args)
+            results[f"{backend}/{item}/{mode}"] = r
+            for t, v in r.items():
+                rows.append((backend, item, mode, t, v["inserts_per_s"], v["samples_per_s"],
+                             v.get("dataset_samples_per_s")))
     print()
-    print(f"{'backend':<8}{'item':<10}{'where':<13}{'table':<13}{'inserts/s':>11}"
-          f"{'sampled items/s':>17}")
-    for b, i, m, t, ins, smp in rows:
-        print(f"{b:<8}{i:<10}{m:<13}{t:<13}{ins:>11,.0f}{smp:>17,.0f}")
+    print(f"{'backend':<11}{'item':<10}{'where':<13}{'table':<13}{'inserts/s':>11}"
+          f"{'sampled items/s':>17}{'  (TrajectoryDataset)':>22}")
+    for b, i, m, t, ins, smp, ds in rows:
+        extra = f"{ds:>22,.0f}" if ds is not None else ""
+        print(f"{b:<11}{i:<10}{m:<13}{t:<13}{ins:>11,.0f}{smp:>17,.0f}{extra}")
     print(json.dumps(rounded(results)))
-
 
 
 if __name__ == "__main__":
