@@ -14,9 +14,12 @@ give the same semantics:
 - clients are picklable (they travel as label + address) and thread-safe (one connection per
   calling thread).
 
-Wire format (TCP): every message is an 8-byte big-endian length and a cloudpickle payload. Both
-sides first prove they hold the program's secret with HMAC-SHA256 over the other side's random
-nonce, so that neither side unpickles bytes from a stranger.
+Wire format (TCP): every message is a header (the pickle's length, the number of out-of-band
+buffers and their lengths), a cloudpickle payload (protocol 5) and the raw bytes of those
+buffers: large contiguous arrays travel outside the pickle, so they are neither copied into
+it when sent nor out of it when received. Both sides first prove they hold the program's
+secret with HMAC-SHA256 over the other side's random nonce, so that neither side unpickles
+bytes from a stranger.
 """
 
 from __future__ import annotations
@@ -243,15 +246,15 @@ class TcpClient(Client):
 
     def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         try:
-            request = cloudpickle.dumps((name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+            request = _dumps((name, args, kwargs))
         except Exception as exc:
             raise TypeError(
                 f"arguments of {name}() for node '{self._label}' cannot be pickled: {exc}"
             ) from exc
         sock = self._socket()
         try:
-            _send_frame(sock, request)
-            reply = _recv_frame(sock)
+            _send_message(sock, request)
+            reply = _recv_message(sock)
         except (OSError, EOFError) as exc:
             self._forget_socket()
             raise ConnectionError(
@@ -348,8 +351,8 @@ class InprocClient(Client):
                 _inproc_cond.wait(min(remaining, 0.1))
 
 
-def _unpack_reply(reply: bytes, label: str, name: str) -> Any:
-    status, *rest = pickle.loads(reply)
+def _unpack_reply(reply: _Message, label: str, name: str) -> Any:
+    status, *rest = _loads(reply)
     if status == "ok":
         return rest[0]
     if status == "no_method":
@@ -441,19 +444,19 @@ class TcpServer:
                 return  # a stranger or a client that gave up: nothing to answer
             while True:
                 try:
-                    request = _recv_frame(conn)
+                    request = _recv_message(conn)
                 except (OSError, EOFError):
                     return
                 reply = self._handle(request)
                 try:
-                    _send_frame(conn, reply)
+                    _send_message(conn, reply)
                 except OSError:
                     return
 
-    def _handle(self, request: bytes) -> bytes:
+    def _handle(self, request: _Message) -> _Message:
         name = "?"
         try:
-            name, args, kwargs = pickle.loads(request)
+            name, args, kwargs = _loads(request)
             method = resolve_method(self._instance, name, self._label)
         except AttributeError as exc:
             return _dumps(("no_method", str(exc)))
@@ -471,11 +474,22 @@ class TcpServer:
             )
 
 
-def _dumps(obj: Any) -> bytes:
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+# A message: the pickle and its out-of-band buffers.
+_Message = tuple[bytes, list]
 
 
-def _error_reply(exc: Exception, tb: str | None = None) -> bytes:
+def _dumps(obj: Any) -> _Message:
+    buffers: list[pickle.PickleBuffer] = []
+    payload = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return payload, [b.raw() for b in buffers]
+
+
+def _loads(message: _Message) -> Any:
+    payload, buffers = message
+    return pickle.loads(payload, buffers=buffers)
+
+
+def _error_reply(exc: Exception, tb: str | None = None) -> _Message:
     text = traceback.format_exc() if tb is None else tb
     return _dumps(("error", type(exc).__name__, str(exc), text))
 
@@ -488,13 +502,19 @@ class _AuthenticationError(Exception):
     pass
 
 
-def _send_frame(sock: socket.socket, payload: bytes) -> None:
-    header = _HEADER.pack(len(payload))
-    if len(payload) < _COALESCE_BYTES:
-        sock.sendall(header + payload)
-    else:
-        sock.sendall(header)
-        sock.sendall(payload)
+_FRAME = struct.Struct("!QI")  # pickle length, number of out-of-band buffers
+
+
+def _send_message(sock: socket.socket, message: _Message) -> None:
+    payload, buffers = message
+    header = _FRAME.pack(len(payload), len(buffers)) + b"".join(
+        _HEADER.pack(b.nbytes) for b in buffers)
+    if len(payload) + sum(b.nbytes for b in buffers) < _COALESCE_BYTES:
+        sock.sendall(b"".join([header, payload, *buffers]))
+        return
+    sock.sendall(header + payload)
+    for buffer in buffers:  # Straight from the arrays' memory: no copy on this side.
+        sock.sendall(buffer)
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytearray:
@@ -509,9 +529,12 @@ def _recv_exact(sock: socket.socket, size: int) -> bytearray:
     return buffer
 
 
-def _recv_frame(sock: socket.socket) -> bytearray:
-    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    return _recv_exact(sock, size)
+def _recv_message(sock: socket.socket) -> _Message:
+    size, count = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
+    sizes = [n for (n,) in _HEADER.iter_unpack(_recv_exact(sock, _HEADER.size * count))]
+    payload = _recv_exact(sock, size)
+    # Arrays unpickled from these buffers use them as their memory (writable, no copy).
+    return payload, [_recv_exact(sock, n) for n in sizes]
 
 
 def _digest(authkey: bytes, role: bytes, nonce: bytes) -> bytes:
