@@ -57,8 +57,23 @@ class ReplayNode:
     def info(self, table: str) -> dict[str, Any]:
         return self._client.info(table)
 
+    def checkpoint(self, directory: str) -> str:
+        """Writes every table to `directory` (on this node's host); returns the path."""
+        return self._native("checkpoint").checkpoint(directory)
+
+    def restore(self, directory: str) -> None:
+        """Replaces every table's state with the checkpoint in `directory`."""
+        self._native("restore").restore(directory)
+
     def close(self) -> None:
         self._client.close()
+
+    def _native(self, operation: str):
+        if not hasattr(self._client, "checkpoint"):
+            raise NotImplementedError(
+                f"{operation}: replay checkpoints are the native backend's; with dm-reverb use "
+                f"Reverb's own checkpointer")
+        return self._client
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,3 +136,9 @@ class ReplayClient:
 
     def info(self, table: str) -> dict[str, Any]:
         return self._call("info", table)
+
+    def checkpoint(self, directory: str) -> str:
+        return self._call("checkpoint", directory)
+
+    def restore(self, directory: str) -> None:
+        self._call("restore", directory)

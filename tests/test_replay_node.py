@@ -79,3 +79,16 @@ def test_killed_node_raises_a_clear_error_not_a_hang(replay):
     assert time.monotonic() - start < 5
     result = running.wait(timeout=15)
     assert (result.stopped_by, result.error_node) == ("error", "replay")
+
+
+def test_checkpoint_and_restore_through_the_node(replay, tmp_path):
+    client, _, _ = replay
+    for i in range(3):
+        client.insert(item(i), {"p": float(i + 1), "q": 1.0})
+    client.sample("q", 1)
+    path = client.checkpoint(str(tmp_path / "ckpt"))
+    before = {t: client.info(t) for t in ("p", "q")}
+    client.insert(item(9), {"p": 1.0})
+    client.restore(path)
+    assert {t: client.info(t) for t in ("p", "q")} == before
+    np.testing.assert_array_equal(client.sample("q", 2).data["x"][:, 0], [1, 2])
