@@ -9,6 +9,8 @@ import importlib
 from typing import Any
 
 AGENTS = {
+    "apex": "agents.dqn.apex",
+    "dqn": "agents.dqn",
     "impala": "agents.impala",
     "ppo": "agents.ppo",
 }

@@ -64,7 +64,7 @@ def test_ppo_gaussian_policy_runs_pendulum(tmp_path):
 @pytest.mark.parametrize(
     "flag,expected",
     [
-        ("--agent=dqnx", "invalid choice: 'dqnx' (choose from 'impala', 'ppo')"),
+        ("--agent=dqnx", "invalid choice: 'dqnx' (choose from 'apex', 'dqn', 'impala', 'ppo')"),
         ("--platform=cloud", "invalid choice: 'cloud' (choose from 'local_mt', 'local_mp')"),
         ("--env=CartPole-v7", "unknown env 'CartPole-v7'"),
         ("--num_actors=0", "num_actors must be >= 1, got 0"),

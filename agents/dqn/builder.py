@@ -1,0 +1,67 @@
+"""DQN builder: the one place that wires networks, policy, learner and queue spec."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from agents.dqn.config import DQNConfig
+from agents.dqn.learner import Learner
+from agents.dqn.networks import DQNNetworks, make_networks
+from builders.base import ArraySpec, QueueSpec
+from envs.specs import EnvSpec
+
+
+class DQNBuilder:
+    """Builder for DQN and Ape-X; acting is SEED-style through the central inference server.
+
+    Inference records plain unrolls; the learner turns them into n-step transitions in its
+    prioritized table (see agents/dqn/learner.py), so builders/ needs nothing DQN-specific.
+    """
+
+    def __init__(self, config: DQNConfig):
+        self.config = config
+
+    def queue_spec(self) -> QueueSpec:
+        c = self.config
+        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+
+    def make_networks(self, spec: EnvSpec) -> DQNNetworks:
+        return make_networks(spec, self.config.hidden_sizes)
+
+    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
+        del spec
+        return {}  # Q-learning needs only what was seen and done.
+
+    def make_policy(self, networks: DQNNetworks, evaluation: bool = False):
+        """`policy(params, key, obs[N, ...]) -> (actions[N], {})`: greedy when evaluating,
+        otherwise epsilon-greedy with each row's epsilon from the config's ladder.
+
+        Row r gets ladder entry r mod num_epsilons. The inference server lays out each
+        worker's K envs in consecutive rows starting at a multiple of K (builders/inference.py),
+        so when num_epsilons divides K every env slot keeps its own epsilon, as Ape-X's actors
+        do; otherwise the assignment still spreads the ladder over the envs.
+        """
+        c = self.config
+        ladder = jnp.asarray(c.epsilons, jnp.float32)
+
+        def policy(params, key, obs):
+            q_values = networks.apply(params["q"], obs)  # [N, A]
+            greedy = jnp.argmax(q_values, axis=-1).astype(jnp.int32)
+            if evaluation:
+                return greedy, {}
+            n = obs.shape[0]
+            epsilon = ladder[jnp.arange(n) % ladder.shape[0]]  # [N]
+            if c.epsilon_decay_updates:
+                decay = 1.0 - params["updates"] / c.epsilon_decay_updates
+                epsilon = jnp.maximum(epsilon, jnp.clip(decay, 0.0, 1.0))
+            explore_key, action_key = jax.random.split(key)
+            explore = jax.random.uniform(explore_key, (n,)) < epsilon
+            random_actions = jax.random.randint(action_key, (n,), 0, networks.num_actions)
+            return jnp.where(explore, random_actions, greedy), {}
+
+        return policy
+
+    def make_learner(self, networks: DQNNetworks, spec: EnvSpec, key: jax.Array) -> Learner:
+        return Learner(networks, self.config, key,
+                       obs_spec=(spec.observation_shape, spec.observation_dtype))

@@ -1,0 +1,225 @@
+"""DQN learner: unrolls -> n-step transitions -> prioritized replay -> jitted double-Q updates.
+
+The learner node hands every learner a batch of unrolls [T + 1, B] from central inference.
+DQN is off-policy, so its host shell turns them into n-step transitions, inserts them into
+an in-process prioritized table (reverb_tables, native backend) with the largest priority
+seen so far, samples `updates_per_step` batches from it, runs that many SGD steps in one
+jitted call, and writes the new priorities back.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import reverb_tables as rt
+from agents import common
+from agents.common import Batch, DataParallelLearner
+from agents.dqn.config import DQNConfig
+from agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
+from agents.dqn.networks import DQNNetworks
+
+TABLE = "transitions"
+# Fields of a stored transition beside the two observations.
+_SCALARS = {"action": "int32", "reward": "float32", "discount": "float32"}
+
+
+def unrolls_to_transitions(
+    unrolls: Mapping[str, np.ndarray], n_step: int, discount: float
+) -> dict[str, np.ndarray]:
+    """N-step transitions from time-major unrolls, none crossing an episode boundary.
+
+    Step t of an unroll holds `obs` and how it was reached (`reward`, `terminated`,
+    `truncated`, `first`) and the `action` chosen at it. The transition from t sums the
+    discounted rewards of the next k <= n steps and bootstraps from obs[t + k] with
+    discount^k; it ends early where the episode ends (termination: bootstrap discount 0;
+    truncation: bootstrap from the last observation) or where the unroll ends (a shorter
+    but still valid return). A start whose next observation is `first` (Gymnasium's
+    next-step autoreset: the action at a final observation is ignored) yields nothing.
+
+    Args:
+      unrolls: {field: [T + 1, B, ...]}.
+      n_step: n.
+      discount: gamma.
+
+    Returns:
+      {obs, next_obs: [M, ...], action, reward, discount: [M]}, M <= T * B, ordered by
+      (t, b).
+    """
+    first = unrolls["first"].astype(bool)
+    terminated = unrolls["terminated"].astype(bool)
+    truncated = unrolls["truncated"].astype(bool)
+    reward = unrolls["reward"].astype(np.float64)
+    t_max = first.shape[0] - 1
+    starts = np.arange(t_max)[:, None]  # [T, 1]
+    valid = ~first[1:]  # [T, B]
+    returns = np.zeros(valid.shape)
+    scale = np.ones(valid.shape)  # discount^j, or 0 once terminated.
+    end = np.broadcast_to(starts, valid.shape).copy()  # Bootstrap index.
+    alive = valid.copy()
+    for j in range(1, n_step + 1):
+        s = np.minimum(starts + j, t_max)  # [T, 1]; clipped rows are masked by `within`.
+        cols = np.arange(valid.shape[1])[None, :]
+        step = alive & (starts + j <= t_max) & ~first[s, cols]
+        returns = np.where(step, returns + scale * reward[s, cols], returns)
+        scale = np.where(step, scale * discount, scale)
+        end = np.where(step, s, end)
+        ended = terminated[s, cols] | truncated[s, cols]
+        scale = np.where(step & terminated[s, cols], 0.0, scale)
+        alive = step & ~ended
+    t_idx, b_idx = np.nonzero(valid)
+    e_idx = end[t_idx, b_idx]
+    return {
+        "obs": unrolls["obs"][t_idx, b_idx],
+        "action": unrolls["action"][t_idx, b_idx].astype(np.int32),
+        "reward": returns[t_idx, b_idx].astype(np.float32),
+        "discount": scale[t_idx, b_idx].astype(np.float32),
+        "next_obs": unrolls["obs"][e_idx, b_idx],
+    }
+
+
+@flax.struct.dataclass
+class DQNState:
+    params: Any
+    target_params: Any
+    opt_state: optax.OptState
+    key: jax.Array
+    step: jax.Array  # SGD steps taken.
+
+
+def init_state(networks: DQNNetworks, optimizer: optax.GradientTransformation,
+               key: jax.Array) -> DQNState:
+    """Fresh online params, the target network a copy of them."""
+    init_key, state_key = jax.random.split(key)
+    params = networks.init(init_key)
+    return DQNState(params, params, optimizer.init(params), state_key,
+                    jnp.zeros((), jnp.int32))
+
+
+def make_optimizer(config: DQNConfig) -> optax.GradientTransformation:
+    return common.make_optimizer(config.learning_rate, config.max_grad_norm, config.adam_eps)
+
+
+def make_update(
+    networks: DQNNetworks, optimizer: optax.GradientTransformation, config: DQNConfig
+) -> Callable[[DQNState, Batch], tuple[DQNState, dict]]:
+    """Returns the pure `update(state, batch) -> (state, metrics)`.
+
+    `batch` holds U sampled minibatches, each leaf [U, S, ...]: `obs`, `action`, `reward`
+    (the n-step return), `discount`, `next_obs`, and the sampling `probability` and
+    `table_size` for the importance weights. One SGD step per minibatch (a scan);
+    `metrics["priorities"]` [U, S] are the new priorities, the rest are means.
+    """
+
+    def loss_fn(params, target_params, minibatch):
+        q_tm1 = networks.apply(params, minibatch["obs"])  # [S, A]
+        q_t_online = networks.apply(params, minibatch["next_obs"])  # [S, A]
+        q_t_target = networks.apply(target_params, minibatch["next_obs"])  # [S, A]
+        td = jax.vmap(double_q_td_error)(q_tm1, minibatch["action"], minibatch["reward"],
+                                         minibatch["discount"], q_t_target, q_t_online)
+        weights = importance_weights(minibatch["probability"], minibatch["table_size"],
+                                     config.importance_exponent)
+        loss = weighted_huber_loss(td, weights, config.huber_delta)
+        return loss, (td, {"q_mean": jnp.mean(q_tm1), "td_abs": jnp.mean(jnp.abs(td))})
+
+    def sgd_step(state: DQNState, minibatch):
+        (loss, (td, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, state.target_params, minibatch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        step = state.step + 1
+        target_params = optax.periodic_update(params, state.target_params, step,
+                                              config.target_update_period)
+        key, _ = jax.random.split(state.key)
+        metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+        priorities = jnp.abs(td) + config.priority_epsilon
+        return DQNState(params, target_params, opt_state, key, step), (priorities, metrics)
+
+    def update(state: DQNState, batch: Batch) -> tuple[DQNState, dict]:
+        state, (priorities, metrics) = jax.lax.scan(sgd_step, state, dict(batch))
+        metrics = jax.tree.map(jnp.mean, metrics)
+        return state, dict(metrics, priorities=priorities)
+
+    return update
+
+
+class Learner(DataParallelLearner):
+    """Host shell: replay in, `updates_per_step` jitted SGD steps, priorities out.
+
+    `params` is what the acting policy reads: the online params and the SGD step count
+    (for the epsilon decay), so the policy needs nothing beyond the usual params argument.
+    The replay table lives in this process and is not checkpointed: a resumed run refills
+    it before learning again.
+    """
+
+    def __init__(
+        self,
+        networks: DQNNetworks,
+        config: DQNConfig,
+        key: jax.Array,
+        obs_spec: tuple[tuple[int, ...], str],
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        self._config = config
+        learner_key, table_key = jax.random.split(key)
+        optimizer = make_optimizer(config)
+        super().__init__(
+            init=functools.partial(init_state, networks, optimizer),
+            make_update=lambda mesh: make_update(networks, optimizer, config),
+            key=learner_key,
+            batch_size=config.sample_batch_size,
+            devices=devices,
+        )
+        obs = rt.ArraySpec(*obs_spec)
+        signature = {"obs": obs, "next_obs": obs,
+                     **{name: rt.ArraySpec((), dtype) for name, dtype in _SCALARS.items()}}
+        self.replay = rt.make_client(
+            [rt.TableSpec(TABLE, rt.Prioritized(config.priority_exponent), rt.Fifo(),
+                          config.replay_size, rt.MinSize(1), signature=signature)],
+            backend="native",
+            seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)),
+        )
+        self._table = self.replay.table(TABLE)
+        # New transitions get the largest priority so far: each is sampled at least once soon.
+        self._max_priority = 1.0
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
+        """Inserts the unrolls' transitions, then learns once the table is large enough.
+
+        Args:
+          batch: unrolls {field: [T + 1, B, ...]} as recorded by inference.
+
+        Returns:
+          Metrics (device scalars); only `replay_size` before learning starts.
+        """
+        c = self._config
+        transitions = unrolls_to_transitions(batch, c.n_step, c.discount)
+        for i in range(len(transitions["action"])):
+            self._table.insert({k: v[i] for k, v in transitions.items()}, self._max_priority)
+        size = len(self._table)
+        if size < c.min_replay_size:
+            return {"replay_size": size}
+        u, s = c.updates_per_step, c.sample_batch_size
+        sample = self._table.sample(u * s)
+        minibatches = {k: v.reshape((u, s) + v.shape[1:]) for k, v in sample.data.items()}
+        minibatches["probability"] = sample.probabilities.astype(np.float32).reshape(u, s)
+        minibatches["table_size"] = sample.table_size.astype(np.float32).reshape(u, s)
+        metrics = dict(super().step(minibatches))
+        priorities = np.asarray(metrics.pop("priorities"), np.float64).reshape(-1)
+        # An item drawn twice keeps its latest TD error.
+        self._table.update_priorities(dict(zip(sample.keys.tolist(), priorities.tolist(),
+                                               strict=True)))
+        self._max_priority = max(self._max_priority, float(priorities.max()))
+        metrics["replay_size"] = size
+        return metrics
+
+    @property
+    def params(self):
+        return {"q": self._state.params, "updates": self._state.step}
