@@ -37,9 +37,9 @@ class DQNConfig:
     # Optimisation: per learner step, `updates_per_step` SGD steps on prioritized samples of
     # `sample_batch_size` transitions; the target network copies the online one every
     # `target_update_period` SGD steps.
-    updates_per_step: int = 16
+    updates_per_step: int = 32
     sample_batch_size: int = 128
-    target_update_period: int = 200
+    target_update_period: int = 100
     learning_rate: float = 1e-3
     max_grad_norm: float = 10.0
     adam_eps: float = 1e-8
