@@ -212,12 +212,3 @@ def test_apex_learns_on_local_mp_with_two_workers(tmp_path):
     assert s["learner_steps"] > 0 and s["episodes"] > 100
     assert s["mean_return_last_100"] > 2 * RANDOM_CARTPOLE_RETURN, s
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("platform", ["local_mt", "local_mp"])
-def test_dqn_solves_cartpole(platform, tmp_path):
-    out = run(["--agent=dqn", f"--platform={platform}", "--stop_at_return=450",
-               "--total_env_steps=1000000", f"--logdir={tmp_path}"], timeout=600)
-    assert out.returncode == 0, out.stderr
-    s = summary(tmp_path)
-    assert s["stopped_by"] == "return_target" and s["mean_return_last_100"] >= 450

@@ -12,7 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
 RANDOM_CARTPOLE_RETURN = 22.0  # Mean return of a uniform random policy on CartPole-v1.
-AGENTS = ["impala", "ppo"]  # Those that solve CartPole with run.py's defaults.
+AGENTS = ["impala", "ppo", "dqn"]  # Those that solve CartPole with run.py's defaults.
 
 
 def run(args, timeout=300):
