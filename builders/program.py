@@ -40,12 +40,15 @@ def make_program(
         with program.group("replay"):
             replay = program.add_node(
                 launch.CourierNode(ReplayNode, [table], config.replay_backend, config.seed))
-    with program.group("learner"):
+    # On a cluster (platform "ray") the learner lands where the accelerator is and env
+    # workers on CPU machines; other platforms ignore resources.
+    with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(
             launch.CourierNode(LearnerNode, builder, env_factory, config, replay))
     # A restarted env worker comes back with a new run id; inference then drops its partial
     # unrolls, so no unroll spans the restart.
-    with program.group("actor", max_restarts=config.max_actor_restarts):
+    with program.group("actor", max_restarts=config.max_actor_restarts,
+                       resources={"CPU": 1}):
         for i in range(config.num_actors):
             seed = config.seed * 10_007 + i + 1  # Distinct per actor, reproducible per run.
             program.add_node(launch.CourierNode(

@@ -36,6 +36,7 @@ def run_experiment(
     resume: bool = False,
     settings: dict[str, Any] | None = None,
     extra_metrics: dict[str, Any] | None = None,
+    platform_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Trains `builder` on `env_factory`'s envs until `config` says stop; returns the summary.
 
@@ -45,12 +46,13 @@ def run_experiment(
       config: builders.ExperimentConfig; its checkpoint fields are filled in here (the
         checkpoints live in RUN_DIR/checkpoints).
       run_dir: the run directory (created if missing).
-      platform: "local_mt" or "local_mp".
+      platform: "local_mt", "local_mp" or "ray".
       quiet: no progress output.
       resume: continue from the newest checkpoint in `run_dir`: counters, metrics and curves
         go on from there.
       settings: what config.json records as the resolved settings (e.g. the command line's).
       extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
+      platform_options: passed on to `launch.launch` (e.g. `ray_address`).
 
     Returns:
       The summary (also in RUN_DIR/summary.json), with "exit_code": 0 when the run stopped
@@ -80,7 +82,8 @@ def run_experiment(
     # SIGTERM ends the run like Ctrl-C: nodes stopped, summary written.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
     start = time.monotonic()
-    running = launch.launch(program, platform=platform, block=False)
+    running = launch.launch(program, platform=platform, block=False,
+                            **(platform_options or {}))
     try:
         learner = program.handles("learner")[0].dereference()
         pending = None

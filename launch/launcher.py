@@ -24,7 +24,8 @@ from launch.node_context import Status
 from launch.program import Program
 
 # Platform name -> module defining `Backend(program)`; imported only when used.
-PLATFORMS = {"local_mt": "launch.local_mt", "local_mp": "launch.local_mp"}
+PLATFORMS = {"local_mt": "launch.local_mt", "local_mp": "launch.local_mp",
+             "ray": "launch.ray_platform"}
 
 _EXIT_CODES = {"requested": 0, "completed": 0, "error": 1, "signal": 130}
 _POLL_S = 0.1
@@ -276,17 +277,20 @@ def launch(
     *,
     block: bool = True,
     stop_timeout_s: float = 10.0,
+    **platform_options: Any,
 ) -> LaunchResult | RunningProgram:
     """Launches `program` on `platform`.
 
     Args:
       program: the program graph.
-      platform: "local_mp" (one process per node) or "local_mt" (one thread per node).
+      platform: "local_mp" (one process per node), "local_mt" (one thread per node) or
+        "ray" (one Ray actor per node; needs the `ray` extra).
       block: wait until the program stops and return its `LaunchResult`; if False, return a
         `RunningProgram` at once.
       stop_timeout_s: when stopping, how long nodes get to return after the stop event is set.
         Processes still alive then get SIGTERM, and SIGKILL 1 s later; threads cannot be
         killed and are left behind with a warning.
+      **platform_options: passed to the platform's backend, e.g. `ray_address="auto"` on ray.
 
     Returns:
       The `LaunchResult` if `block`, else the `RunningProgram`.
@@ -301,7 +305,7 @@ def launch(
         )
     if not program.nodes:
         raise ValueError(f"program '{program.name}' has no nodes: add_node() before launching")
-    backend = importlib.import_module(PLATFORMS[platform]).Backend(program)
+    backend = importlib.import_module(PLATFORMS[platform]).Backend(program, **platform_options)
     running = RunningProgram(program, backend, stop_timeout_s)
     if not block:
         running._start()

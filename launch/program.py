@@ -81,6 +81,8 @@ class Node:
         self.address: rpc.Address | None = None
         #: How often the platform restarts the node after it fails (set by its group).
         self.max_restarts = 0
+        #: What the node asks of a cluster platform, e.g. {"CPU": 1} (set by its group).
+        self.resources: dict[str, float] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # The handle points back at this node; drop it so only the arguments travel.
@@ -212,6 +214,7 @@ class _Group:
     label: str
     nodes: list[Node] = dataclasses.field(default_factory=list)
     max_restarts: int = 0
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class Program:
@@ -240,7 +243,10 @@ class Program:
         self._current_group: str | None = None
 
     @contextlib.contextmanager
-    def group(self, label: str, max_restarts: int | None = None) -> Iterator[None]:
+    def group(
+        self, label: str, max_restarts: int | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> Iterator[None]:
         """Nodes added inside this block belong to group `label`.
 
         Args:
@@ -248,6 +254,9 @@ class Program:
           max_restarts: how many times each node of the group may be restarted after it
             raises or its process dies, before its failure stops the program; None keeps
             the group's setting (0 unless set before).
+          resources: what each node of the group asks of a cluster platform (`ray`): "CPU",
+            "GPU", custom resources, or "accelerator" (GPUs where the cluster has them);
+            None keeps the group's setting. Platforms on one machine ignore it.
 
         Raises:
           ValueError: a nested group, a bad label or a negative `max_restarts`.
@@ -260,11 +269,13 @@ class Program:
                 f"groups do not nest: group('{label}') opened inside group('{self._current_group}')"
             )
         self._current_group = label
+        group = self._groups.setdefault(label, _Group(label))
         if max_restarts is not None:
-            group = self._groups.setdefault(label, _Group(label))
             group.max_restarts = max_restarts
-            for node in group.nodes:
-                node.max_restarts = max_restarts
+        if resources is not None:
+            group.resources = dict(resources)
+        for node in group.nodes:
+            node.max_restarts, node.resources = group.max_restarts, dict(group.resources)
         try:
             yield
         finally:
@@ -296,7 +307,7 @@ class Program:
         _check_label(group_label)
         group = self._groups.setdefault(group_label, _Group(group_label))
         group.nodes.append(node)
-        node.max_restarts = group.max_restarts
+        node.max_restarts, node.resources = group.max_restarts, dict(group.resources)
         node._handle = Handle(node)
         self._relabel(group)
         return node._handle

@@ -27,7 +27,7 @@ if __name__ == "__main__" and not __package__:
 from agents.registry import AGENTS, agent_module  # noqa: E402
 from launch.rundir import CONFIG, new_run_dir  # noqa: E402
 
-PLATFORMS = ("local_mt", "local_mp")
+PLATFORMS = ("local_mt", "local_mp", "ray")
 # Flags that set a field of the agent's config (only allowed where the agent has it).
 AGENT_FLAGS = ("unroll_length", "batch_size", "learning_rate")
 # What a resumed run may not change: the checkpoint holds this agent's state on this env.
@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="run.py", description=__doc__.splitlines()[0])
     p.add_argument("--agent", default="impala", choices=sorted(AGENTS))
     p.add_argument("--platform", default="local_mp", choices=PLATFORMS)
+    p.add_argument("--ray_address", default=None,
+                   help="--platform=ray: 'auto' or HOST:PORT joins a running Ray cluster; "
+                   "unset starts a local Ray instance for this run (see docs/cluster.md)")
     p.add_argument("--env", default="CartPole-v1", help="a Gymnasium id")
     p.add_argument("--num_actors", type=int, default=2, help="env worker nodes")
     p.add_argument("--envs_per_actor", type=int, default=32, help="envs per env worker")
@@ -184,8 +187,15 @@ def train(args: argparse.Namespace) -> int:
     extra = {}
     if getattr(agent_config, "learning_rate", None) is not None:
         extra["learning_rate"] = agent_config.learning_rate  # Constant: no schedules yet.
+    platform_options = {}
+    if args.platform == "ray":
+        platform_options["ray_address"] = args.ray_address
+    elif args.ray_address is not None:
+        print("run.py: error: --ray_address needs --platform=ray", file=sys.stderr)
+        return 2
     try:
         summary = run_experiment(builder, env_factory, config, run_dir, platform=args.platform,
+                                 platform_options=platform_options,
                                  quiet=args.quiet, resume=args.resume is not None,
                                  settings=settings, extra_metrics=extra)
     except CheckpointError as e:

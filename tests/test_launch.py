@@ -289,8 +289,8 @@ def test_children_exit_when_launcher_is_killed():
 def test_unknown_platform():
     program = launch.Program("p")
     program.add_node(launch.PyNode(nodes.return_at_once))
-    with pytest.raises(ValueError, match="'ray'.*local_mp, local_mt"):
-        launch.launch(program, platform="ray")
+    with pytest.raises(ValueError, match="'slurm'.*local_mp, local_mt, ray"):
+        launch.launch(program, platform="slurm")
 
 
 def test_program_graph_checks():

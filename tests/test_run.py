@@ -65,7 +65,7 @@ def test_ppo_gaussian_policy_runs_pendulum(tmp_path):
     "flag,expected",
     [
         ("--agent=dqnx", "invalid choice: 'dqnx' (choose from 'apex', 'dqn', 'impala', 'ppo')"),
-        ("--platform=cloud", "invalid choice: 'cloud' (choose from 'local_mt', 'local_mp')"),
+        ("--platform=cloud", "invalid choice: 'cloud' (choose from 'local_mt', 'local_mp', 'ray')"),
         ("--env=CartPole-v7", "unknown env 'CartPole-v7'"),
         ("--num_actors=0", "num_actors must be >= 1, got 0"),
         ("--batch_size=-3", "batch_size must be >= 1, got -3"),

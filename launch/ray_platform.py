@@ -1,0 +1,265 @@
+"""The `ray` platform: every node is a Ray actor, on a local Ray instance or on a cluster.
+
+Ray places the nodes (by the resources their groups ask for), starts and kills their processes;
+nodes still call each other over the program's authenticated TCP RPC (launch/rpc.py), so clients
+keep exactly the sync and `.futures` semantics of `local_mp`. Each actor first reports the IP of
+the Ray node it landed on and a free port there: that becomes the node's address, which handles
+carry. Then its `run_node` call runs the node; the launcher long-polls each actor for its
+`Status` messages, and a failed `run_node` call (the actor's process died) is the node's error.
+
+A restarted node gets a new actor pinned to the same Ray node and port, so its clients' address
+stays valid. Ray is imported only when this platform is used.
+
+Group resources (`Program.group(..., resources=...)`): "CPU", "GPU", any custom resource, and
+"accelerator", which asks for that many GPUs when the cluster has GPUs and for nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from launch import node_context, rpc
+from launch import program as program_lib
+from launch.node_context import NodeContext, Status
+
+_SECRET_BYTES = 32
+_STATUS_POLL_S = 0.5  # How long an actor holds a status long-poll open.
+_NODE_ACTOR_CONCURRENCY = 4  # run_node, a status poll and stop may all be in flight at once.
+
+
+class _NodeActor:
+    """Hosts one node in a Ray worker process (wrapped with `ray.remote` at launch)."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._statuses: queue.SimpleQueue[Status] = queue.SimpleQueue()
+
+    def place(self) -> tuple[str, int, str]:
+        """(IP of this Ray node, a port free there a moment ago, Ray node id)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, rpc.free_port(host), ray.get_runtime_context().get_node_id()
+
+    def run_node(self, label: str, address: rpc.TcpAddress | None, payload: bytes,
+                 restarts: int) -> bool:
+        os.environ["TRELLIS_NODE_LABEL"] = label
+        context = NodeContext(label, self._stop, self._statuses.put, restarts)
+        node_context.bind_process(context)
+        node_context.bind_thread(context)
+        servers: list[rpc.TcpServer] = []
+
+        def serve(instance) -> None:
+            servers.append(rpc.TcpServer(instance, label, address))
+
+        ok = program_lib.execute(payload, context, serve)
+        for server in servers:
+            server.close()
+        return ok
+
+    def statuses(self, timeout_s: float) -> list[Status]:
+        """The node's messages: waits up to `timeout_s` for the first, then takes the rest."""
+        try:
+            out = [self._statuses.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self._statuses.get_nowait())
+            except queue.Empty:
+                return out
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@dataclasses.dataclass
+class _Actor:
+    label: str
+    handle: Any  # ray.actor.ActorHandle
+    ray_node_id: str
+    run_ref: Any = None  # ObjectRef of run_node
+    status_ref: Any = None  # ObjectRef of the pending statuses() long-poll
+    ended: bool = False  # run_node returned or the actor died
+
+
+class Backend:
+    """Runs each node of `program` as a Ray actor.
+
+    Args:
+      program: the program graph.
+      ray_address: None starts a local Ray instance (shut down with the program); "auto" or
+        "HOST:PORT" joins a running cluster (left running).
+    """
+
+    def __init__(self, program: program_lib.Program, ray_address: str | None = None):
+        self._program = program
+        self._address = ray_address
+        self._ray: Any = None
+        self._started_ray = False
+        self._remote_class: Any = None
+        self._actors: dict[str, _Actor] = {}
+        self._payloads: dict[str, bytes] = {}
+        self._stopping = False
+
+    def start(self) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise RuntimeError(
+                "platform 'ray' needs Ray: pip install -e \".[ray]\" (or use local_mp)"
+            ) from exc
+        self._ray = ray
+        if not ray.is_initialized():
+            # Without an address: a fresh local instance, ours to stop, with at least as many
+            # logical CPUs as the nodes ask for (they share the cores, as on local_mp).
+            # log_to_driver keeps node tracebacks and prints on the launcher's terminal.
+            num_cpus = None
+            if self._address is None:
+                asked = sum(_actor_options(n.resources, {})["num_cpus"]
+                            for n in self._program.nodes)
+                num_cpus = max(os.cpu_count() or 1, int(asked + 0.999))
+            ray.init(address=self._address, num_cpus=num_cpus, include_dashboard=False,
+                     log_to_driver=True, configure_logging=False)
+            self._started_ray = self._address is None
+        self._remote_class = ray.remote(max_concurrency=_NODE_ACTOR_CONCURRENCY)(_NodeActor)
+        secret = os.urandom(_SECRET_BYTES)
+        nodes = self._program.nodes
+        actors = {node.label: self._new_actor(node) for node in nodes}
+        places = dict(zip(actors, ray.get([a.place.remote() for a in actors.values()]),
+                          strict=True))
+        for node in nodes:
+            host, port, ray_node_id = places[node.label]
+            node.address = rpc.TcpAddress(host, port, secret) if node.serves_rpcs else None
+            self._actors[node.label] = _Actor(node.label, actors[node.label], ray_node_id)
+        self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
+        for node in nodes:
+            self._run(node, restarts=0)
+
+    def _new_actor(self, node: program_lib.Node, ray_node_id: str | None = None) -> Any:
+        options = _actor_options(node.resources, self._ray.cluster_resources())
+        if ray_node_id is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node_id,
+                                                                            soft=False)
+        return self._remote_class.options(name=None, **options).remote()
+
+    def _run(self, node: program_lib.Node, restarts: int) -> None:
+        actor = self._actors[node.label]
+        actor.run_ref = actor.handle.run_node.remote(
+            node.label, node.address, self._payloads[node.label], restarts)
+        actor.status_ref = actor.handle.statuses.remote(_STATUS_POLL_S)
+
+    def restart(self, label: str, restarts: int) -> None:
+        old = self._actors[label]
+        self._ray.kill(old.handle, no_restart=True)
+        node = next(n for n in self._program.nodes if n.label == label)
+        # Same Ray node, same port: the clients other nodes hold stay valid.
+        self._actors[label] = _Actor(label, self._new_actor(node, old.ray_node_id),
+                                     old.ray_node_id)
+        self._run(node, restarts)
+
+    def poll(self, timeout_s: float) -> list[Status]:
+        ray = self._ray
+        refs = {}
+        for actor in self._actors.values():
+            if actor.status_ref is not None:
+                refs[actor.status_ref] = (actor, "statuses")
+            if not actor.ended:
+                refs[actor.run_ref] = (actor, "run")
+        if not refs:
+            time.sleep(timeout_s)
+            return []
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
+        if ready:  # Take everything else that is ready too, without waiting.
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        statuses: list[Status] = []
+        # Messages before ends: a node's last messages come before the news that it ended.
+        for ref in sorted(ready, key=lambda r: refs[r][1] == "run"):
+            actor, kind = refs[ref]
+            if actor is not self._actors.get(actor.label):
+                continue  # An actor replaced by a restart since the refs were gathered.
+            if kind == "run":
+                statuses += self._ended(actor)
+            elif ref is actor.status_ref:
+                statuses += self._statuses(actor)
+        return statuses
+
+    def _statuses(self, actor: _Actor) -> list[Status]:
+        try:
+            out = self._ray.get(actor.status_ref)
+        except self._ray.exceptions.RayError:
+            actor.status_ref = None  # The actor is gone; its run_node ref tells how.
+            return []
+        actor.status_ref = (None if actor.ended
+                            else actor.handle.statuses.remote(_STATUS_POLL_S))
+        return out
+
+    def _ended(self, actor: _Actor) -> list[Status]:
+        actor.ended = True
+        try:
+            self._ray.get(actor.run_ref)
+        except self._ray.exceptions.RayError as exc:
+            actor.status_ref = None
+            if self._stopping:
+                return []
+            return [Status("error", actor.label,
+                           reason=f"its Ray actor died: {program_lib.one_line(exc)}")]
+        # run_node returned: its last messages ("finished", "error") are in the pending
+        # long-poll (answered within _STATUS_POLL_S) or still queued.
+        out = self._ray.get(actor.status_ref) if actor.status_ref is not None else []
+        out += self._ray.get(actor.handle.statuses.remote(0.0))
+        actor.status_ref = None
+        return out
+
+    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
+        self._stopping = True
+        ray = self._ray
+        if ray is None:
+            return
+        for node in self._program.nodes:
+            if node.address is not None:
+                rpc.mark_stopped(node.address)
+        for actor in self._actors.values():
+            if not actor.ended:
+                actor.handle.stop.remote()
+        deadline = time.monotonic() + timeout_s
+        while any(not a.ended for a in self._actors.values()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                stuck = [a.label for a in self._actors.values() if not a.ended]
+                print(f"[launch] killing Ray actor(s) that did not stop within {timeout_s:g} s: "
+                      f"{', '.join(stuck)}", file=sys.stderr, flush=True)
+                break
+            for status in self.poll(min(remaining, 0.1)):
+                on_status(status)
+        for actor in self._actors.values():
+            ray.kill(actor.handle, no_restart=True)
+        if self._started_ray:
+            ray.shutdown()
+
+
+def _actor_options(resources: dict[str, float], cluster: dict[str, float]) -> dict[str, Any]:
+    """Ray actor options for a group's resources (see the module docstring).
+
+    Raises:
+      ValueError: a negative amount.
+    """
+    wanted = dict(resources)
+    for name, amount in wanted.items():
+        if amount < 0:
+            raise ValueError(f"resource {name!r}: amount must be >= 0, got {amount}")
+    accelerator = wanted.pop("accelerator", 0)
+    gpus = wanted.pop("GPU", 0) + (accelerator if cluster.get("GPU", 0) > 0 else 0)
+    return {"num_cpus": wanted.pop("CPU", 1), "num_gpus": gpus, "resources": wanted}
