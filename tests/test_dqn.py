@@ -13,8 +13,8 @@ import pytest
 
 from agents.dqn import DQNBuilder, DQNConfig
 from agents.dqn.config import ApexConfig
-from agents.dqn.learner import TABLE, unrolls_to_transitions
 from agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
+from agents.replay import unrolls_to_transitions
 from envs import EnvFactory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,7 +152,7 @@ def test_priorities_are_updated_in_the_table():
     rng = np.random.default_rng(1)
     metrics = learner.step(cartpole_unrolls(rng, t1=9))
     assert "loss" in metrics and metrics["replay_size"] >= 64
-    table = learner.replay.table(TABLE)
+    table = learner.replay.table
     sample = table.sample(256)
     # Inserted at priority 1.0; sampled items now carry |TD error| + epsilon instead.
     assert np.any(np.abs(sample.priorities - 1.0) > 1e-3)

@@ -2,7 +2,7 @@
 
 The learner node hands every learner a batch of unrolls [T + 1, B] from central inference.
 DQN is off-policy, so its host shell turns them into n-step transitions, inserts them into
-an in-process prioritized table (reverb_tables, native backend) with the largest priority
+an in-process prioritized table (agents/replay.py) with the largest priority
 seen so far, samples `updates_per_step` batches from it, runs that many SGD steps in one
 jitted call, and writes the new priorities back.
 """
@@ -25,64 +25,7 @@ from agents.common import Batch, DataParallelLearner
 from agents.dqn.config import DQNConfig
 from agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
 from agents.dqn.networks import DQNNetworks
-
-TABLE = "transitions"
-# Fields of a stored transition beside the two observations.
-_SCALARS = {"action": "int32", "reward": "float32", "discount": "float32"}
-
-
-def unrolls_to_transitions(
-    unrolls: Mapping[str, np.ndarray], n_step: int, discount: float
-) -> dict[str, np.ndarray]:
-    """N-step transitions from time-major unrolls, none crossing an episode boundary.
-
-    Step t of an unroll holds `obs` and how it was reached (`reward`, `terminated`,
-    `truncated`, `first`) and the `action` chosen at it. The transition from t sums the
-    discounted rewards of the next k <= n steps and bootstraps from obs[t + k] with
-    discount^k; it ends early where the episode ends (termination: bootstrap discount 0;
-    truncation: bootstrap from the last observation) or where the unroll ends (a shorter
-    but still valid return). A start whose next observation is `first` (Gymnasium's
-    next-step autoreset: the action at a final observation is ignored) yields nothing.
-
-    Args:
-      unrolls: {field: [T + 1, B, ...]}.
-      n_step: n.
-      discount: gamma.
-
-    Returns:
-      {obs, next_obs: [M, ...], action, reward, discount: [M]}, M <= T * B, ordered by
-      (t, b).
-    """
-    first = unrolls["first"].astype(bool)
-    terminated = unrolls["terminated"].astype(bool)
-    truncated = unrolls["truncated"].astype(bool)
-    reward = unrolls["reward"].astype(np.float64)
-    t_max = first.shape[0] - 1
-    starts = np.arange(t_max)[:, None]  # [T, 1]
-    valid = ~first[1:]  # [T, B]
-    returns = np.zeros(valid.shape)
-    scale = np.ones(valid.shape)  # discount^j, or 0 once terminated.
-    end = np.broadcast_to(starts, valid.shape).copy()  # Bootstrap index.
-    alive = valid.copy()
-    for j in range(1, n_step + 1):
-        s = np.minimum(starts + j, t_max)  # [T, 1]; clipped rows are masked by `within`.
-        cols = np.arange(valid.shape[1])[None, :]
-        step = alive & (starts + j <= t_max) & ~first[s, cols]
-        returns = np.where(step, returns + scale * reward[s, cols], returns)
-        scale = np.where(step, scale * discount, scale)
-        end = np.where(step, s, end)
-        ended = terminated[s, cols] | truncated[s, cols]
-        scale = np.where(step & terminated[s, cols], 0.0, scale)
-        alive = step & ~ended
-    t_idx, b_idx = np.nonzero(valid)
-    e_idx = end[t_idx, b_idx]
-    return {
-        "obs": unrolls["obs"][t_idx, b_idx],
-        "action": unrolls["action"][t_idx, b_idx].astype(np.int32),
-        "reward": returns[t_idx, b_idx].astype(np.float32),
-        "discount": scale[t_idx, b_idx].astype(np.float32),
-        "next_obs": unrolls["obs"][e_idx, b_idx],
-    }
+from agents.replay import TransitionReplay
 
 
 @flax.struct.dataclass
@@ -177,16 +120,10 @@ class Learner(DataParallelLearner):
             batch_size=config.sample_batch_size,
             devices=devices,
         )
-        obs = rt.ArraySpec(*obs_spec)
-        signature = {"obs": obs, "next_obs": obs,
-                     **{name: rt.ArraySpec((), dtype) for name, dtype in _SCALARS.items()}}
-        self.replay = rt.make_client(
-            [rt.TableSpec(TABLE, rt.Prioritized(config.priority_exponent), rt.Fifo(),
-                          config.replay_size, rt.MinSize(1), signature=signature)],
-            backend="native",
-            seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)),
-        )
-        self._table = self.replay.table(TABLE)
+        self.replay = TransitionReplay(
+            rt.Prioritized(config.priority_exponent), config.replay_size, obs_spec,
+            ((), "int32"), config.n_step, config.discount,
+            seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))
         # New transitions get the largest priority so far: each is sampled at least once soon.
         self._max_priority = 1.0
 
@@ -200,22 +137,15 @@ class Learner(DataParallelLearner):
           Metrics (device scalars); only `replay_size` before learning starts.
         """
         c = self._config
-        transitions = unrolls_to_transitions(batch, c.n_step, c.discount)
-        for i in range(len(transitions["action"])):
-            self._table.insert({k: v[i] for k, v in transitions.items()}, self._max_priority)
-        size = len(self._table)
+        size = self.replay.add(batch, self._max_priority)
         if size < c.min_replay_size:
             return {"replay_size": size}
-        u, s = c.updates_per_step, c.sample_batch_size
-        sample = self._table.sample(u * s)
-        minibatches = {k: v.reshape((u, s) + v.shape[1:]) for k, v in sample.data.items()}
-        minibatches["probability"] = sample.probabilities.astype(np.float32).reshape(u, s)
-        minibatches["table_size"] = sample.table_size.astype(np.float32).reshape(u, s)
+        minibatches, keys = self.replay.sample(c.updates_per_step, c.sample_batch_size)
         metrics = dict(super().step(minibatches))
         priorities = np.asarray(metrics.pop("priorities"), np.float64).reshape(-1)
         # An item drawn twice keeps its latest TD error.
-        self._table.update_priorities(dict(zip(sample.keys.tolist(), priorities.tolist(),
-                                               strict=True)))
+        self.replay.table.update_priorities(dict(zip(keys.tolist(), priorities.tolist(),
+                                                     strict=True)))
         self._max_priority = max(self._max_priority, float(priorities.max()))
         metrics["replay_size"] = size
         return metrics

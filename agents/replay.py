@@ -1,0 +1,121 @@
+"""Transition replay for off-policy agents: unrolls from central inference become n-step
+transitions in an in-process table (reverb_tables, native backend) that the learner samples.
+
+DQN (prioritized) and SAC (uniform) both learn from it; the table's selector is theirs to pick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+import reverb_tables as rt
+
+TABLE = "transitions"
+
+
+def unrolls_to_transitions(
+    unrolls: Mapping[str, np.ndarray], n_step: int, discount: float
+) -> dict[str, np.ndarray]:
+    """N-step transitions from time-major unrolls, none crossing an episode boundary.
+
+    Step t of an unroll holds `obs` and how it was reached (`reward`, `terminated`,
+    `truncated`, `first`) and the `action` chosen at it. The transition from t sums the
+    discounted rewards of the next k <= n steps and bootstraps from obs[t + k] with
+    discount^k; it ends early where the episode ends (termination: bootstrap discount 0;
+    truncation: bootstrap from the last observation) or where the unroll ends (a shorter
+    but still valid return). A start whose next observation is `first` (Gymnasium's
+    next-step autoreset: the action at a final observation is ignored) yields nothing.
+
+    Args:
+      unrolls: {field: [T + 1, B, ...]}.
+      n_step: n.
+      discount: gamma.
+
+    Returns:
+      {obs, next_obs: [M, ...], action: [M, ...] (the unrolls' dtype), reward, discount: [M]},
+      M <= T * B, ordered by (t, b).
+    """
+    first = unrolls["first"].astype(bool)
+    terminated = unrolls["terminated"].astype(bool)
+    truncated = unrolls["truncated"].astype(bool)
+    reward = unrolls["reward"].astype(np.float64)
+    t_max = first.shape[0] - 1
+    starts = np.arange(t_max)[:, None]  # [T, 1]
+    valid = ~first[1:]  # [T, B]
+    returns = np.zeros(valid.shape)
+    scale = np.ones(valid.shape)  # discount^j, or 0 once terminated.
+    end = np.broadcast_to(starts, valid.shape).copy()  # Bootstrap index.
+    alive = valid.copy()
+    for j in range(1, n_step + 1):
+        s = np.minimum(starts + j, t_max)  # [T, 1]; clipped rows are masked by `within`.
+        cols = np.arange(valid.shape[1])[None, :]
+        step = alive & (starts + j <= t_max) & ~first[s, cols]
+        returns = np.where(step, returns + scale * reward[s, cols], returns)
+        scale = np.where(step, scale * discount, scale)
+        end = np.where(step, s, end)
+        ended = terminated[s, cols] | truncated[s, cols]
+        scale = np.where(step & terminated[s, cols], 0.0, scale)
+        alive = step & ~ended
+    t_idx, b_idx = np.nonzero(valid)
+    e_idx = end[t_idx, b_idx]
+    return {
+        "obs": unrolls["obs"][t_idx, b_idx],
+        "action": unrolls["action"][t_idx, b_idx],
+        "reward": returns[t_idx, b_idx].astype(np.float32),
+        "discount": scale[t_idx, b_idx].astype(np.float32),
+        "next_obs": unrolls["obs"][e_idx, b_idx],
+    }
+
+
+class TransitionReplay:
+    """An in-process table of n-step transitions, filled from unrolls, sampled in minibatches.
+
+    Args:
+      selector: how items are sampled (e.g. `rt.Prioritized(0.6)`, `rt.Uniform()`); the
+        oldest item is removed once the table is full.
+      capacity: most transitions held.
+      obs_spec, action_spec: (shape, dtype) of one observation and one action.
+      n_step, discount: of the transitions (see `unrolls_to_transitions`).
+      seed: the table's sampling seed.
+    """
+
+    def __init__(self, selector: rt.Selector, capacity: int,
+                 obs_spec: tuple[tuple[int, ...], str], action_spec: tuple[tuple[int, ...], str],
+                 n_step: int, discount: float, seed: int):
+        obs = rt.ArraySpec(*obs_spec)
+        self._signature = {"obs": obs, "next_obs": obs, "action": rt.ArraySpec(*action_spec),
+                           "reward": rt.ArraySpec((), "float32"),
+                           "discount": rt.ArraySpec((), "float32")}
+        self.client = rt.make_client(
+            [rt.TableSpec(TABLE, selector, rt.Fifo(), capacity, rt.MinSize(1),
+                          signature=self._signature)],
+            backend="native", seed=seed)
+        self.table = self.client.table(TABLE)
+        self._n_step, self._discount = n_step, discount
+
+    def add(self, unrolls: Mapping[str, np.ndarray], priority: float) -> int:
+        """Inserts the unrolls' transitions at `priority`; returns the table's size after."""
+        transitions = unrolls_to_transitions(unrolls, self._n_step, self._discount)
+        # The recorded action dtype may be wider than the table's (e.g. int64 from numpy).
+        transitions = {k: v.astype(self._signature[k].dtype, copy=False)
+                       for k, v in transitions.items()}
+        for i in range(len(transitions["reward"])):
+            self.table.insert({k: v[i] for k, v in transitions.items()}, priority)
+        return len(self.table)
+
+    def sample(self, num_batches: int, batch_size: int) -> tuple[dict[str, np.ndarray],
+                                                                 np.ndarray]:
+        """`num_batches` minibatches of `batch_size` items in one draw.
+
+        Returns:
+          ({field: [U, S, ...]} with the transition fields plus the sampling `probability`
+          and `table_size` of each item (for importance weights), keys [U * S] of the items).
+        """
+        u, s = num_batches, batch_size
+        sample = self.table.sample(u * s)
+        minibatches = {k: v.reshape((u, s) + v.shape[1:]) for k, v in sample.data.items()}
+        minibatches["probability"] = sample.probabilities.astype(np.float32).reshape(u, s)
+        minibatches["table_size"] = sample.table_size.astype(np.float32).reshape(u, s)
+        return minibatches, sample.keys
