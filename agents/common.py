@@ -6,6 +6,7 @@ Agents import from here instead of from each other, so no agent depends on anoth
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,15 @@ def make_torso(spec: EnvSpec, hidden_sizes: Sequence[int]) -> nn.Module:
         channels_first = spec.observation_shape[0] < spec.observation_shape[-1]
         return ConvTorso(channels_first=channels_first)
     return MLPTorso(tuple(hidden_sizes))
+
+
+# --- Distributions --------------------------------------------------------------------
+
+
+def diagonal_gaussian_log_prob(mean: jax.Array, log_std: jax.Array, x: jax.Array) -> jax.Array:
+    """log N(x; mean, diag(exp(log_std)^2)), summed over the last axis: [..., D] -> [...]."""
+    z = (x - mean) * jnp.exp(-log_std)
+    return -jnp.sum(0.5 * jnp.square(z) + log_std + 0.5 * math.log(2 * math.pi), axis=-1)
 
 
 # --- Optimisation ---------------------------------------------------------------------

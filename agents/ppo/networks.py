@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from agents.common import make_torso
+from agents.common import diagonal_gaussian_log_prob, make_torso
 from envs.specs import EnvSpec
 
 DistParams = Any  # logits [..., A], or (mean, log_std) each [..., D].
@@ -85,8 +85,7 @@ class DiagonalGaussian:
 
     def log_prob(self, params, action):
         mean, log_std = params
-        z = (action - mean) * jnp.exp(-log_std)
-        return -jnp.sum(0.5 * jnp.square(z) + log_std + 0.5 * math.log(2 * math.pi), axis=-1)
+        return diagonal_gaussian_log_prob(mean, log_std, action)
 
     def entropy(self, params):
         _, log_std = params
