@@ -13,6 +13,7 @@ AGENTS = {
     "dqn": "agents.dqn",
     "impala": "agents.impala",
     "ppo": "agents.ppo",
+    "sac": "agents.sac",
 }
 
 

@@ -1,0 +1,52 @@
+"""SAC builder: the one place that wires networks, policy, learner and queue spec."""
+
+from __future__ import annotations
+
+import jax
+
+from agents.sac.config import SACConfig
+from agents.sac.learner import Learner
+from agents.sac.networks import SACNetworks, make_networks
+from builders.base import ArraySpec, QueueSpec
+from envs.specs import EnvSpec
+
+
+class SACBuilder:
+    """Builder for SAC; acting is SEED-style through the central inference server.
+
+    Inference records plain unrolls; the learner turns them into transitions in its uniform
+    table (see agents/sac/learner.py), so builders/ needs nothing SAC-specific.
+    """
+
+    def __init__(self, config: SACConfig):
+        self.config = config
+
+    def queue_spec(self) -> QueueSpec:
+        c = self.config
+        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+
+    def make_networks(self, spec: EnvSpec) -> SACNetworks:
+        c = self.config
+        return make_networks(spec, c.hidden_sizes, c.log_std_min, c.log_std_max)
+
+    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
+        del spec
+        return {}  # The critics learn from the squashed action the env received.
+
+    def make_policy(self, networks: SACNetworks, evaluation: bool = False):
+        """`policy(params, key, obs[N, D_obs]) -> (actions[N, D], {})`: a sample of the
+        squashed Gaussian when training, its squashed mean when evaluating."""
+        dist = networks.distribution
+
+        def policy(params, key, obs):
+            mean, log_std = networks.policy(params["policy"], obs)
+            if evaluation:
+                return dist.mode(mean), {}
+            action, _ = dist.sample(key, mean, log_std)
+            return action, {}
+
+        return policy
+
+    def make_learner(self, networks: SACNetworks, spec: EnvSpec, key: jax.Array) -> Learner:
+        return Learner(networks, self.config, key,
+                       obs_spec=(spec.observation_shape, spec.observation_dtype))

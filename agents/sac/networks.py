@@ -1,0 +1,135 @@
+"""SAC networks: a tanh-squashed Gaussian policy and twin Q critics on MLP torsos.
+
+The policy outputs a Gaussian over pre-squash actions u; the env gets
+a = offset + scale * tanh(u), which maps the real line onto the env's bounds
+(Haarnoja et al., 2018, Appendix C, "Enforcing Action Bounds").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from agents.common import MLPTorso, diagonal_gaussian_log_prob
+from envs.specs import EnvSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class TanhGaussian:
+    """Diagonal Gaussian over u, squashed to a = offset + scale * tanh(u) in [low, high]."""
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+
+    @property
+    def scale(self) -> jax.Array:
+        return (jnp.asarray(self.high) - jnp.asarray(self.low)) / 2.0
+
+    @property
+    def offset(self) -> jax.Array:
+        return (jnp.asarray(self.high) + jnp.asarray(self.low)) / 2.0
+
+    def squash(self, u: jax.Array) -> jax.Array:
+        return self.offset + self.scale * jnp.tanh(u)
+
+    def log_prob(self, mean: jax.Array, log_std: jax.Array, u: jax.Array) -> jax.Array:
+        """log pi(a) of a = squash(u), [..., D] -> [...]: the Gaussian's log density at u minus
+        log |da/du| = sum log(scale * (1 - tanh(u)^2)) (the paper's eq. 21).
+
+        log(1 - tanh(u)^2) is computed as 2 (log 2 - u - softplus(-2u)), which stays finite
+        where tanh(u) rounds to +-1.
+        """
+        log_det = jnp.log(self.scale) + 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+        return diagonal_gaussian_log_prob(mean, log_std, u) - jnp.sum(log_det, axis=-1)
+
+    def sample(self, key: jax.Array, mean: jax.Array,
+               log_std: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """A reparameterised sample (differentiable in mean and log_std) and its log-prob."""
+        u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+        return self.squash(u), self.log_prob(mean, log_std, u)
+
+    def mode(self, mean: jax.Array) -> jax.Array:
+        """The squashed mean: the deterministic action used for evaluation."""
+        return self.squash(mean)
+
+
+class Policy(nn.Module):
+    """obs -> (mean, log_std) of the pre-squash Gaussian, each [..., D]."""
+
+    hidden_sizes: Sequence[int]
+    action_dim: int
+    log_std_min: float
+    log_std_max: float
+
+    @nn.compact
+    def __call__(self, obs):
+        out = nn.Dense(2 * self.action_dim)(MLPTorso(tuple(self.hidden_sizes))(obs))
+        mean, log_std = jnp.split(out, 2, axis=-1)
+        # Starts near log_std 0: a broad policy, so the first data already covers the bounds.
+        return mean, jnp.clip(log_std, self.log_std_min, self.log_std_max)
+
+
+class TwinCritic(nn.Module):
+    """(obs, action) -> the two critics' Q-values, [..., 2]; each has its own MLP."""
+
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs, action):
+        x = jnp.concatenate([obs.astype(jnp.float32), action.astype(jnp.float32)], axis=-1)
+        q = [nn.Dense(1)(MLPTorso(tuple(self.hidden_sizes))(x)) for _ in range(2)]
+        return jnp.concatenate(q, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SACNetworks:
+    """Pure functions and the action distribution.
+
+    `init_policy(key)`, `init_critic(key)` -> params; `policy(params, obs)` -> (mean, log_std);
+    `critic(params, obs, action)` -> Q [..., 2].
+    """
+
+    init_policy: Callable[[jax.Array], dict]
+    init_critic: Callable[[jax.Array], dict]
+    policy: Callable[[dict, jax.Array], tuple[jax.Array, jax.Array]]
+    critic: Callable[[dict, jax.Array, jax.Array], jax.Array]
+    distribution: TanhGaussian
+    action_dim: int
+
+
+def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], log_std_min: float,
+                  log_std_max: float) -> SACNetworks:
+    """Networks for flat vector observations and flat, bounded Box actions.
+
+    Raises:
+      ValueError: discrete or non-flat actions, infinite bounds, or pixel observations.
+    """
+    if spec.discrete or len(spec.action_shape) != 1:
+        raise ValueError(f"SAC needs flat Box actions, got num_actions={spec.num_actions}, "
+                         f"action_shape={spec.action_shape}; use --agent=dqn or ppo for "
+                         "discrete actions.")
+    bounds = (spec.action_low or ()) + (spec.action_high or ())
+    if not bounds or not all(math.isfinite(b) for b in bounds):
+        raise ValueError(f"SAC squashes actions into the env's bounds; got low={spec.action_low}, "
+                         f"high={spec.action_high}. Wrap the env to give finite bounds.")
+    if len(spec.observation_shape) != 1:
+        raise ValueError(f"SAC here takes flat vector observations, got shape "
+                         f"{spec.observation_shape}.")
+    action_dim = spec.action_shape[0]
+    policy = Policy(tuple(hidden_sizes), action_dim, log_std_min, log_std_max)
+    critic = TwinCritic(tuple(hidden_sizes))
+    obs = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    action = jnp.zeros((1, action_dim), jnp.float32)
+    return SACNetworks(
+        init_policy=lambda key: policy.init(key, obs),
+        init_critic=lambda key: critic.init(key, obs, action),
+        policy=policy.apply,
+        critic=critic.apply,
+        distribution=TanhGaussian(spec.action_low, spec.action_high),
+        action_dim=action_dim,
+    )
