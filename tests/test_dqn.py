@@ -1,10 +1,5 @@
 """DQN: n-step double-Q targets, the weighted loss, unrolls -> transitions, priorities,
-the learner, and short runs through launch/run.py (DQN on local_mt, Ape-X on local_mp)."""
-
-import json
-import os
-import subprocess
-import sys
+the learner, and Ape-X through launch/run.py on local_mp."""
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +11,7 @@ from agents.dqn.config import ApexConfig
 from agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
 from agents.replay import unrolls_to_transitions
 from envs import EnvFactory
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RANDOM_CARTPOLE_RETURN = 22.0
+from tests.test_run import RANDOM_CARTPOLE_RETURN, run, summary
 
 
 def reference_transitions(unrolls, n, gamma):
@@ -184,23 +177,7 @@ def test_greedy_and_epsilon_policies():
     assert explored[0::8].mean() > 0.1 and explored[7::8].mean() < 0.02
 
 
-def run(args, timeout):
-    return subprocess.run([sys.executable, os.path.join(REPO, "launch", "run.py")] + args,
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-def summary(logdir):
-    with open(os.path.join(logdir, "summary.json")) as f:
-        return json.load(f)
-
-
-def test_dqn_learns_cartpole_quickly_local_mt(tmp_path):
-    out = run(["--agent=dqn", "--platform=local_mt", "--total_env_steps=40000",
-               "--stop_at_return=none", "--eval_every=0", f"--logdir={tmp_path}"], timeout=120)
-    assert out.returncode == 0, out.stderr
-    s = summary(tmp_path)
-    assert s["learner_steps"] > 0 and s["episodes"] > 100
-    assert s["mean_return_last_100"] > 3 * RANDOM_CARTPOLE_RETURN, s
+# DQN on CartPole on both platforms is in tests/test_run.py (test_learns_cartpole).
 
 
 def test_apex_learns_on_local_mp_with_two_workers(tmp_path):
