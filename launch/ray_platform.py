@@ -129,8 +129,9 @@ class Backend:
                 asked = sum(_actor_options(n.resources, {})["num_cpus"]
                             for n in self._program.nodes)
                 num_cpus = max(os.cpu_count() or 1, int(asked + 0.999))
-            ray.init(address=self._address, num_cpus=num_cpus, include_dashboard=False,
-                     log_to_driver=True, configure_logging=False)
+            # "local", not None: None would join whatever cluster `ray start` last ran here.
+            ray.init(address=self._address or "local", num_cpus=num_cpus,
+                     include_dashboard=False, log_to_driver=True, configure_logging=False)
             self._started_ray = self._address is None
         self._remote_class = ray.remote(max_concurrency=_NODE_ACTOR_CONCURRENCY)(_NodeActor)
         secret = os.urandom(_SECRET_BYTES)

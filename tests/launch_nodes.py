@@ -125,6 +125,15 @@ class Flaky:
             raise ValueError(f"flaky run {launch.restart_count()}")
 
 
+class RayPlacement:
+    """Says which Ray node it runs on (imports Ray only when asked: platform "ray" only)."""
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
 class FailingInit:
     def __init__(self):
         raise RuntimeError("boom in constructor")

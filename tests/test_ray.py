@@ -3,6 +3,7 @@ and stops; same results, restarts and errors as local_mp, and no Ray process lef
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -72,6 +73,81 @@ def test_restart_and_error_on_ray(tmp_path, capfd):
     assert (result.stopped_by, result.exit_code) == ("error", 1)
     assert result.reason == "bad: ValueError: boom in run"
     assert "boom in run" in result.error_traceback
+    _assert_no_new_ray_processes(before)
+
+
+def _ray_start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """`ray start ... --block` in a session of its own (so killpg ends its whole tree)."""
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    return subprocess.Popen(
+        [ray_bin, "start", *args, "--node-ip-address=127.0.0.1", "--block",
+         "--disable-usage-stats", "--object-store-memory=100000000"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# Run in a fresh Python: a process that already started and shut down a local Ray instance
+# (the tests above) cannot reliably join another cluster.
+PLACEMENT_SCRIPT = """
+import json, sys, time
+import ray
+import launch
+from tests import launch_nodes as nodes
+
+address = sys.argv[1]
+deadline = time.monotonic() + 60
+while True:  # Until the head answers and the second node has joined it.
+    try:
+        ray.init(address=address)
+        if len([n for n in ray.nodes() if n["Alive"]]) == 2:
+            break
+        ray.shutdown()
+    except ConnectionError:
+        pass
+    assert time.monotonic() < deadline, "the two-node Ray cluster did not come up"
+    time.sleep(0.5)
+head = next(n["NodeID"] for n in ray.nodes() if "learner" in n["Resources"])
+program = launch.Program("placement")
+with program.group("learner", resources={"learner": 1}):
+    learner = program.add_node(launch.CourierNode(nodes.RayPlacement))
+with program.group("actor", resources={"CPU": 1}):
+    actors = [program.add_node(launch.CourierNode(nodes.RayPlacement)) for _ in range(2)]
+with launch.launch(program, platform="ray", block=False, ray_address=address):
+    placed = {"head": head, "learner": learner.dereference().node_id(),
+              "actors": [a.dereference().node_id() for a in actors]}
+ray.shutdown()
+print(json.dumps(placed))
+"""
+
+
+def test_groups_land_on_the_nodes_with_their_resources():
+    """A head with a custom "learner" resource and a CPU-only second node (both on loopback):
+    the learner group goes to the head, the env-worker group to the other node."""
+    from launch import rpc
+
+    before = _ray_pids()
+    # Both nodes bind 127.0.0.1 only, so the test cluster runs without Ray's auth token.
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    port = rpc.free_port()
+    address = f"127.0.0.1:{port}"
+    procs = [_ray_start(["--head", f"--port={port}", "--num-cpus=1", '--resources={"learner": 1}',
+                         "--include-dashboard=false"], env)]
+    try:
+        procs.append(_ray_start([f"--address={address}", "--num-cpus=3"], env))
+        out = subprocess.run([sys.executable, "-c", PLACEMENT_SCRIPT, address], env=env,
+                             capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert out.returncode == 0, out.stderr[-4000:]
+        placed = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert placed["learner"] == placed["head"]
+    assert len(placed["actors"]) == 2 and placed["head"] not in placed["actors"]
     _assert_no_new_ray_processes(before)
 
 
