@@ -79,9 +79,6 @@ class _NodeActor:
     def stop(self) -> None:
         self._stop.set()
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 @dataclasses.dataclass
 class _Actor:
