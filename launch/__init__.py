@@ -1,6 +1,8 @@
 """Trellis launch: a Launchpad-style program graph on threads or processes.
 
-Platforms: `local_mt` (one thread per node) and `local_mp` (one process per node).
+Platforms: `local_mt` (one thread per node), `local_mp` (one process per node) and `ray` (one
+Ray actor per node, locally or on a cluster; Ray is imported only then). A group may let its
+nodes be restarted after they fail: `program.group("actor", max_restarts=3)`.
 
     program = launch.Program("impala")
     with program.group("learner"):
