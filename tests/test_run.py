@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from agents.registry import AGENTS as REGISTERED
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
 RANDOM_CARTPOLE_RETURN = 22.0  # Mean return of a uniform random policy on CartPole-v1.
@@ -64,7 +66,8 @@ def test_ppo_gaussian_policy_runs_pendulum(tmp_path):
 @pytest.mark.parametrize(
     "flag,expected",
     [
-        ("--agent=dqnx", "invalid choice: 'dqnx' (choose from 'apex', 'dqn', 'impala', 'ppo')"),
+        ("--agent=dqnx", "invalid choice: 'dqnx' (choose from "
+         + ", ".join(repr(a) for a in sorted(REGISTERED)) + ")"),
         ("--platform=cloud", "invalid choice: 'cloud' (choose from 'local_mt', 'local_mp', 'ray')"),
         ("--env=CartPole-v7", "unknown env 'CartPole-v7'"),
         ("--num_actors=0", "num_actors must be >= 1, got 0"),
