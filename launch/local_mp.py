@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from launch import node_context, rpc
 from launch import program as program_lib
+from launch import rpc
 from launch.node_context import NodeContext, Status
 
 _HOST = "127.0.0.1"
@@ -248,16 +248,7 @@ def child_main(
                 pass  # the launcher is gone; the watchdog ends this process
 
     context = NodeContext(label, stop_event, report, restarts)
-    node_context.bind_process(context)
-    node_context.bind_thread(context)
-    servers: list[rpc.TcpServer] = []
-
-    def serve(instance) -> None:
-        servers.append(rpc.TcpServer(instance, label, address))
-
-    ok = program_lib.execute(payload, context, serve)
-    for server in servers:
-        server.close()
+    ok = program_lib.execute_in_process(payload, context, address)
     writer.close()
     sys.exit(0 if ok else 1)
 

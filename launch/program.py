@@ -17,7 +17,7 @@ from typing import Any
 
 import cloudpickle
 
-from launch import rpc
+from launch import node_context, rpc
 from launch.node_context import NodeContext, Status
 
 
@@ -187,6 +187,23 @@ def execute(payload: bytes, context: NodeContext, serve: Callable[[Any], None]) 
             )
         )
         return False
+
+
+def execute_in_process(payload: bytes, context: NodeContext,
+                       address: rpc.TcpAddress | None) -> bool:
+    """`execute` for a node that owns its process (local_mp, ray): binds `context` to the
+    process and serves the node's RPCs over TCP at `address`; returns as `execute`."""
+    node_context.bind_process(context)
+    node_context.bind_thread(context)
+    servers: list[rpc.TcpServer] = []
+
+    def serve(instance) -> None:
+        servers.append(rpc.TcpServer(instance, context.label, address))
+
+    ok = execute(payload, context, serve)
+    for server in servers:
+        server.close()
+    return ok
 
 
 def one_line(exc: BaseException) -> str:

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from launch import node_context, rpc
 from launch import program as program_lib
+from launch import rpc
 from launch.node_context import NodeContext, Status
 
 _SECRET_BYTES = 32
@@ -52,17 +52,7 @@ class _NodeActor:
                  restarts: int) -> bool:
         os.environ["TRELLIS_NODE_LABEL"] = label
         context = NodeContext(label, self._stop, self._statuses.put, restarts)
-        node_context.bind_process(context)
-        node_context.bind_thread(context)
-        servers: list[rpc.TcpServer] = []
-
-        def serve(instance) -> None:
-            servers.append(rpc.TcpServer(instance, label, address))
-
-        ok = program_lib.execute(payload, context, serve)
-        for server in servers:
-            server.close()
-        return ok
+        return program_lib.execute_in_process(payload, context, address)
 
     def statuses(self, timeout_s: float) -> list[Status]:
         """The node's messages: waits up to `timeout_s` for the first, then takes the rest."""
