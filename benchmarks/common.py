@@ -6,9 +6,11 @@ import os
 
 
 def rounded(value):
-    """Floats in nested dicts rounded to 0.1, for the one-line JSON each benchmark prints."""
+    """Floats in nested dicts and lists rounded to 0.1, for the one-line JSON benchmarks print."""
     if isinstance(value, dict):
         return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
     return round(value, 1) if isinstance(value, float) else value
 
 

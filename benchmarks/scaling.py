@@ -1,0 +1,134 @@
+"""Env steps/s of the IMPALA pipeline as env workers go from 1 to the number of cores.
+
+The shape of the RLlib paper's "policy evaluation throughput vs cores" figure: for each
+platform and each worker count, the full IMPALA pipeline (env workers, central inference,
+learner) runs to the env-step budget, and its rate is measured by the learner node as in
+benchmarks/throughput.py (counted from the learner's start, so start-up is left out).
+
+Usage: python benchmarks/scaling.py [--platforms local_mp,ray] [--max_workers N]
+       [--envs_per_actor 32] [--env_steps 200000] [--repeats 1] [--out docs/scaling.png]
+Workers go 1..N, N = the cores this process may use unless --max_workers is given.
+Writes the plot to --out, prints a table, then one JSON object with every figure as the
+last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+
+from common import cpu_count, rounded
+from throughput import pipeline
+
+from envs import EnvFactory
+
+
+def measure(factory: EnvFactory, platform_name: str, num_actors: int, args) -> dict:
+    """Median env and learner steps/s over `args.repeats` runs, and every run's figures."""
+    run_args = argparse.Namespace(num_actors=num_actors, envs_per_actor=args.envs_per_actor,
+                                  env_steps=args.env_steps)
+    runs = [pipeline(factory, platform_name, run_args, learn=True)
+            for _ in range(args.repeats)]
+    return {
+        "env_steps_per_s": statistics.median(r["env_steps_per_s"] for r in runs),
+        "learner_steps_per_s": statistics.median(r["learner_steps_per_s"] for r in runs),
+        "runs": runs,
+    }
+
+
+def plot(results: dict, platforms: list[str], workers: list[int], cores: int, title: str,
+         path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for i, name in enumerate(platforms):
+        color = f"C{i}"
+        rates = [results[name][str(n)]["env_steps_per_s"] for n in workers]
+        ax.plot(workers, rates, "o-", color=color, label=name)
+        ax.plot(workers, [rates[0] * n for n in workers], ":", color=color, alpha=0.6,
+                label=f"{name}, linear from 1 worker")
+    ax.axvline(cores, color="grey", linestyle="--", linewidth=1)
+    ax.annotate(f"{cores} cores", (cores, 0), xytext=(4, 4), textcoords="offset points",
+                xycoords=("data", "axes fraction"), color="grey")
+    ax.set_xticks(workers)
+    ax.set_xlabel("env workers")
+    ax.set_ylabel("env steps/s (full IMPALA pipeline)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--platforms", default="local_mp,ray")
+    p.add_argument("--max_workers", type=int, default=None,
+                   help="last worker count (default: the number of cores)")
+    p.add_argument("--envs_per_actor", type=int, default=32)
+    p.add_argument("--env_steps", type=int, default=200_000)
+    p.add_argument("--repeats", type=int, default=1, help="runs per point; the median is kept")
+    p.add_argument("--out", default="docs/scaling.png")
+    args = p.parse_args()
+
+    cores = cpu_count()
+    workers = list(range(1, (args.max_workers or cores) + 1))
+    platforms = args.platforms.split(",")
+    factory = EnvFactory(args.env)
+    results: dict = {name: {} for name in platforms}
+    load_start = os.getloadavg()
+    # Worker counts in the outer loop: drift in the machine's load hits all platforms alike.
+    for n in workers:
+        for name in platforms:
+            print(f"running {n} env worker(s) on {name} ...", flush=True)
+            results[name][str(n)] = measure(factory, name, n, args)
+    load_end = os.getloadavg()
+
+    machine = f"{platform.machine()}, {cores} cores"
+    title = f"IMPALA {args.env}, {args.envs_per_actor} envs per worker ({machine})"
+    plot(results, platforms, workers, cores, title, args.out)
+
+    print()
+    print(f"{args.env}, IMPALA, {args.envs_per_actor} envs per worker, {args.env_steps:,} env "
+          f"steps per run, median of {args.repeats}; {machine}")
+    print(f"load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
+    header = f"{'workers':>7}"
+    for name in platforms:
+        header += f"{name + ' env steps/s':>24}{'vs 1':>7}{'learner steps/s':>17}"
+    print(header)
+    for n in workers:
+        row = f"{n:>7}"
+        for name in platforms:
+            r, first = results[name][str(n)], results[name]["1"]
+            speedup = r["env_steps_per_s"] / first["env_steps_per_s"]
+            row += (f"{r['env_steps_per_s']:>24,.0f}{speedup:>6.2f}x"
+                    f"{r['learner_steps_per_s']:>17,.1f}")
+        print(row)
+    print(f"plot: {args.out}")
+    print(json.dumps(rounded({
+        "env": args.env,
+        "envs_per_actor": args.envs_per_actor,
+        "env_steps": args.env_steps,
+        "repeats": args.repeats,
+        "machine": machine,
+        "cores": cores,
+        "workers": workers,
+        "load_avg_start": list(load_start),
+        "load_avg_end": list(load_end),
+        "results": results,
+        "plot": args.out,
+    })))
+
+
+if __name__ == "__main__":
+    main()
