@@ -39,6 +39,7 @@ import traceback
 from typing import Any
 
 import cloudpickle
+import numpy as np
 
 from launch import node_context
 
@@ -475,7 +476,7 @@ class TcpServer:
 
 
 # A message: the pickle and its out-of-band buffers.
-_Message = tuple[bytes, list]
+_Message = tuple[bytes | memoryview, list]
 
 
 def _dumps(obj: Any) -> _Message:
@@ -517,16 +518,16 @@ def _send_message(sock: socket.socket, message: _Message) -> None:
         sock.sendall(buffer)
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
+def _recv_exact(sock: socket.socket, size: int) -> memoryview:
+    # Uninitialised memory: the socket fills it, zeroing it first would be a wasted pass.
+    view = memoryview(np.empty(size, np.uint8)).cast("B")
     received = 0
     while received < size:
         count = sock.recv_into(view[received:])
         if count == 0:
             raise EOFError("connection closed by the peer")
         received += count
-    return buffer
+    return view
 
 
 def _recv_message(sock: socket.socket) -> _Message:
