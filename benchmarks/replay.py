@@ -14,7 +14,8 @@ Steady state: each table is filled to capacity before timing (untimed), so timed
 into the prioritized table evict, and the queue is timed over full fill / drain cycles.
 Samples are batches of `--batch_size` items. With dm-reverb installed, Reverb's own client
 paths are measured too, in-process ("reverb-raw": `Client.insert`, `Client.sample`, and the
-TensorFlow `TrajectoryDataset`, its fastest sampling path), as the reference to beat.
+TensorFlow `TrajectoryDataset`, its fastest sampling path; `reverb_raw.py`), as the
+reference to beat.
 Prints a table, then one JSON object with every figure as the last line.
 """
 
@@ -55,7 +56,7 @@ def make_item(item: str) -> dict[str, np.ndarray]:
                 rng.normal(size=s.shape)).astype(s.dtype) for k, s in ITEMS[item].items()}
 
 
-def _rate(fn, seconds: float) -> float:
+def rate(fn, seconds: float) -> float:
     """Calls `fn()` (which returns items done) for `seconds`; items per second."""
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -75,8 +76,8 @@ def measure(client, item: str, seconds: float, batch_size: int, max_size: int) -
     for _ in range(max_size):  # Untimed fill: from here on every insert evicts.
         insert("prioritized")
     out = {"prioritized": {
-        "inserts_per_s": _rate(lambda: insert("prioritized"), seconds),
-        "samples_per_s": _rate(lambda: len(client.sample("prioritized", batch_size)), seconds),
+        "inserts_per_s": rate(lambda: insert("prioritized"), seconds),
+        "samples_per_s": rate(lambda: len(client.sample("prioritized", batch_size)), seconds),
     }}
     # The queue holds at most max_size items: time whole fill / drain cycles, after an
     # untimed one (so storage is touched once, as in a long run).
@@ -119,51 +120,6 @@ def run_remote(backend, item, args):
         return measure(client, item, args.seconds, args.batch_size, args.max_size[item])
 
 
-def run_reverb_raw(item, args):
-    """Reverb's own client paths on the prioritized table (the reference figures)."""
-    import reverb
-    import tensorflow as tf
-
-    max_size = args.max_size[item]
-    signature = {k: tf.TensorSpec(s.shape, tf.as_dtype(s.dtype)) for k, s in ITEMS[item].items()}
-    table = reverb.Table("prioritized", reverb.selectors.Prioritized(0.6),
-                         reverb.selectors.Fifo(), max_size, reverb.rate_limiters.MinSize(1),
-                         signature=signature)
-    server = reverb.Server([table])
-    client = reverb.Client(f"localhost:{server.port}")
-    data = make_item(item)
-    # One long-lived writer, as Reverb recommends; every item is one squeezed step.
-    writer = client.trajectory_writer(num_keep_alive_refs=1)
-    try:
-        def insert():
-            writer.append(data)
-            writer.create_item("prioritized", 1.0, {k: writer.history[k][-1] for k in data})
-            writer.flush(block_until_num_items=16)  # Bounded in flight, as a real actor.
-            return 1
-
-        for _ in range(max_size):
-            insert()
-        writer.flush()
-
-        def sample():
-            return len(list(client.sample("prioritized", num_samples=args.batch_size,
-                                          emit_timesteps=False)))
-
-        dataset = reverb.TrajectoryDataset.from_table_signature(
-            f"localhost:{server.port}", "prioritized", max_in_flight_samples_per_worker=
-            2 * args.batch_size).batch(args.batch_size)
-        batches = iter(dataset)
-        next(batches)  # Builds the TensorFlow pipeline outside the timing.
-        return {"prioritized": {
-            "inserts_per_s": _rate(insert, args.seconds),
-            "samples_per_s": _rate(sample, args.seconds),
-            "dataset_samples_per_s": _rate(lambda: len(next(batches).info.key), args.seconds),
-        }}
-    finally:
-        writer.close()
-        server.stop()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=2.0, help="per operation and case")
@@ -184,6 +140,8 @@ def main() -> None:
                                                   ("2nd process", run_remote))
              for backend in backends]
     if "reverb" in backends:
+        from reverb_raw import run_reverb_raw  # dm-reverb and TensorFlow: only where installed.
+
         cases.append(("reverb-raw", "in-process", lambda b, i, a: run_reverb_raw(i, a)))
     for item in ("cartpole", "atari"):
         for backend, mode, fn in cases:
