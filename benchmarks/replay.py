@@ -13,7 +13,7 @@ live in a replay node on local_mp and the benchmark calls it over the program's 
 Steady state: each table is filled to capacity before timing (untimed), so timed inserts
 into the prioritized table evict, and the queue is timed over full fill / drain cycles.
 Samples are batches of `--batch_size` items. With dm-reverb installed, Reverb's own client
-paths are measured too, in-process ("reverb-raw": `Client.insert`, `Client.sample`, and the
+paths are measured too, in-process ("reverb-raw": a `TrajectoryWriter`, `Client.sample`, and the
 TensorFlow `TrajectoryDataset`, its fastest sampling path; `reverb_raw.py`), as the
 reference to beat.
 Prints a table, then one JSON object with every figure as the last line.
