@@ -4,7 +4,7 @@ import textwrap
 
 import numpy as np
 
-from tests.multidevice import run_with_cpu_devices
+from tests.multidevice import assert_devices_match, run_with_cpu_devices
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -43,14 +43,8 @@ SCRIPT = textwrap.dedent("""
 
 def test_two_and_four_devices_match_one_device():
     result = run_with_cpu_devices(SCRIPT, num_devices=4)
-    one = result["1"]
-    for n in ("2", "4"):
-        many = result[n]
-        # Params replicated on every device, the batch split over them.
-        assert many["shards"] == int(n)
-        for a, b in zip(one["params"], many["params"], strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(one["loss"], many["loss"], rtol=1e-5)
+    assert set(result) == {"1", "2", "4"}
+    assert_devices_match(result)
 
 
 def _loss_inputs(seed, T=8, A=3):

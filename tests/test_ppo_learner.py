@@ -9,7 +9,7 @@ import pytest
 
 from agents.ppo import PPOBuilder, PPOConfig
 from envs.specs import EnvSpec
-from tests.multidevice import run_with_cpu_devices
+from tests.multidevice import assert_devices_match, run_with_cpu_devices
 
 CARTPOLE = EnvSpec((4,), "float32", 2, (), "int32")
 BOX = EnvSpec((3,), "float32", None, (1,), "float32", (-2.0,), (2.0,))
@@ -83,13 +83,8 @@ SCRIPT = textwrap.dedent("""
 def test_two_and_four_devices_match_one_device():
     """Minibatches of 12 transitions, shuffled over the whole batch, split over 2 or 4."""
     result = run_with_cpu_devices(SCRIPT, num_devices=4)
-    one = result["1"]
-    for n in ("2", "4"):
-        many = result[n]
-        assert many["shards"] == int(n)  # Params replicated on every device.
-        for a, b in zip(one["params"], many["params"], strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(one["loss"], many["loss"], rtol=1e-5)
+    assert set(result) == {"1", "2", "4"}
+    assert_devices_match(result)
 
 
 def test_gaussian_policy_learns_a_continuous_bandit():
