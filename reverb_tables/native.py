@@ -150,11 +150,6 @@ class Table:
         self._spec = spec
         self._cond = threading.Condition(threading.Lock())
         self._rng = np.random.default_rng(seed)
-        limiter = spec.rate_limiter
-        self._spi = float(limiter.samples_per_insert)
-        self._min_size = int(limiter.min_size_to_sample)
-        self._min_diff = float(limiter.min_diff)
-        self._max_diff = float(limiter.max_diff)
 
         self._checker = DataChecker(spec)
         self._treedef = self._checker.treedef
@@ -209,7 +204,8 @@ class Table:
 
     # ---------------------------------------------------------------- rate limiter
     def _diff(self) -> float:
-        return self._counters["inserts"] * self._spi - self._counters["samples"]
+        spi = self._spec.rate_limiter.samples_per_insert
+        return self._counters["inserts"] * spi - self._counters["samples"]
 
     def _can_insert(self) -> bool:
         c = self._counters
@@ -228,8 +224,8 @@ class Table:
         c = self._counters
         return (
             f"rate limiter {type(self._spec.rate_limiter).__name__}("
-            f"samples_per_insert={self._spi:g}, min_size_to_sample={self._min_size}, "
-            f"min_diff={self._min_diff:g}, max_diff={self._max_diff:g}); table size="
+            + ", ".join(f"{k}={v:g}" for k, v in self._spec.rate_limiter.params().items())
+            + f"); table size="
             f"{self._live.size}/{self._capacity}, inserts={c['inserts']}, samples={c['samples']}, "
             f"deletes={c['deletes']}, diff=inserts*samples_per_insert-samples={self._diff():g}. "
             f"A sample needs size >= min_size_to_sample and diff-1 >= min_diff; an insert needs "
