@@ -119,6 +119,9 @@ print(json.dumps(placed))
 """
 
 
+# Slow: it starts a two-node cluster with `ray start`; in 1 of 3 full-suite runs on 2 cores
+# its placement script hung until the 120 s timeout (it passes alone in ~13 s), cause unknown.
+@pytest.mark.slow
 def test_groups_land_on_the_nodes_with_their_resources():
     """A head with a custom "learner" resource and a CPU-only second node (both on loopback):
     the learner group goes to the head, the env-worker group to the other node."""
