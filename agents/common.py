@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from envs.specs import EnvSpec
+from trellis.envs.specs import EnvSpec
 
 # --- Networks -------------------------------------------------------------------------
 

@@ -9,11 +9,11 @@ import importlib
 from typing import Any
 
 AGENTS = {
-    "apex": "agents.dqn.apex",
-    "dqn": "agents.dqn",
-    "impala": "agents.impala",
-    "ppo": "agents.ppo",
-    "sac": "agents.sac",
+    "apex": "trellis.agents.dqn.apex",
+    "dqn": "trellis.agents.dqn",
+    "impala": "trellis.agents.impala",
+    "ppo": "trellis.agents.ppo",
+    "sac": "trellis.agents.sac",
 }
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-import reverb_tables as rt
+from trellis import reverb_tables as rt
 
 TABLE = "transitions"
 

@@ -37,9 +37,9 @@ def measure(input_name: str, num_devices: int, args) -> dict:
     import jax
     import numpy as np
 
-    from agents.impala import ImpalaBuilder, ImpalaConfig
-    from agents.impala.learner import Learner
-    from envs.specs import EnvSpec
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.agents.impala.learner import Learner
+    from trellis.envs.specs import EnvSpec
 
     shape, dtype, actions = INPUTS[input_name]
     spec = EnvSpec(shape, dtype, actions, (), "int32")

@@ -28,10 +28,10 @@ import time
 import numpy as np
 from common import rounded
 
-import launch
-from reverb_tables import spec as S
-from reverb_tables.client import make_client, reverb_available
-from reverb_tables.node import ReplayClient, ReplayNode
+from trellis import launch
+from trellis.reverb_tables import spec as S
+from trellis.reverb_tables.client import make_client, reverb_available
+from trellis.reverb_tables.node import ReplayClient, ReplayNode
 
 ITEMS = {
     "cartpole": {"obs": S.ArraySpec((20, 4), np.float32), "action": S.ArraySpec((20,), np.int32),

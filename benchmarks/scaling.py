@@ -23,7 +23,7 @@ import statistics
 from common import cpu_count, rounded
 from throughput import pipeline
 
-from envs import EnvFactory
+from trellis.envs import EnvFactory
 
 
 def measure(factory: EnvFactory, platform_name: str, num_actors: int, args) -> dict:

@@ -18,10 +18,11 @@ import time
 
 from common import cpu_count, rounded
 
-import launch
-from agents.impala import ImpalaBuilder, ImpalaConfig
-from builders import ExperimentConfig, make_program
-from envs import EnvFactory
+from trellis import launch
+from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+from trellis.builders.base import ExperimentConfig
+from trellis.builders.program import make_program
+from trellis.envs import EnvFactory
 
 
 def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) -> float:

@@ -1,11 +1,15 @@
-"""Builders: the Builder protocol and the generic wiring of agents into program graphs."""
+"""Builders: the agent contract, and the experiment layer that turns agents into programs.
 
-from builders.base import ArraySpec, Builder, ExperimentConfig, Learner, Policy, QueueSpec
-from builders.inference import InferenceServer, UnrollRecorder, step_specs
-from builders.learner_node import LearnerNode, UnrollBatcher
-from builders.program import make_program
+Two layers live here (docs/architecture.md; `make lint` checks the arrows):
 
-__all__ = [
-    "ArraySpec", "Builder", "ExperimentConfig", "InferenceServer", "Learner", "LearnerNode",
-    "Policy", "QueueSpec", "UnrollBatcher", "UnrollRecorder", "make_program", "step_specs",
-]
+- the agent contract, below the agents: `base` (the Builder, Learner and Policy protocols,
+  ArraySpec, QueueSpec) and `config` (config dataclasses with declared bounds, and the
+  experiment settings);
+- the experiment layer, above them: `program.make_program` (the SEED-style program graph),
+  `inference` (the central inference server), `env_worker`, `learner_node` with its
+  `counter` and `stop` rule, `evaluation`, `checkpointing`, and for a whole run
+  `experiment.run_experiment` with its run directory (`rundir`, `progress`, `curves`).
+
+This file imports nothing, so that an agent importing the contract does not load the
+experiment layer.
+"""

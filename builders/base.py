@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from envs.specs import EnvSpec
-from reverb_tables import BACKENDS as REPLAY_BACKENDS
+from trellis.envs.specs import EnvSpec
+from trellis.reverb_tables import BACKENDS as REPLAY_BACKENDS
 
 
 def require(condition: bool, message: str) -> None:

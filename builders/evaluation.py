@@ -9,9 +9,9 @@ from typing import Any
 import jax
 import numpy as np
 
-import launch
-from builders.base import Builder, ExperimentConfig, Policy
-from envs.factory import EnvFactory
+from trellis import launch
+from trellis.builders.base import Builder, ExperimentConfig, Policy
+from trellis.envs.factory import EnvFactory
 
 
 def run_episodes(

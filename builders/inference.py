@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 import jax
 import numpy as np
 
-from builders.base import ArraySpec, Policy
-from envs.specs import EnvSpec
+from trellis.builders.base import ArraySpec, Policy
+from trellis.envs.specs import EnvSpec
 
 
 def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec]) -> dict[str, ArraySpec]:

@@ -11,13 +11,13 @@ from typing import Any
 import jax
 import numpy as np
 
-import launch
-from builders.base import Builder, ExperimentConfig, QueueSpec
-from builders.checkpointing import Checkpointer
-from builders.inference import InferenceServer, step_specs
-from builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
-from envs.factory import EnvFactory
-from reverb_tables import ReplayClient
+from trellis import launch
+from trellis.builders.base import Builder, ExperimentConfig, QueueSpec
+from trellis.builders.checkpointing import Checkpointer
+from trellis.builders.inference import InferenceServer, step_specs
+from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
+from trellis.envs.factory import EnvFactory
+from trellis.reverb_tables import ReplayClient
 
 
 class UnrollBatcher:

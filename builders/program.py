@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import launch
-from builders.base import Builder, ExperimentConfig
-from builders.evaluation import Evaluator
-from builders.inference import step_specs
-from builders.learner_node import LearnerNode, max_unrolls
-from builders.unroll_queue import unroll_table_spec
-from envs.factory import EnvFactory
-from envs.worker import EnvWorker
-from reverb_tables import ReplayNode
+from trellis import launch
+from trellis.builders.base import Builder, ExperimentConfig
+from trellis.builders.env_worker import EnvWorker
+from trellis.builders.evaluation import Evaluator
+from trellis.builders.inference import step_specs
+from trellis.builders.learner_node import LearnerNode, max_unrolls
+from trellis.builders.unroll_queue import unroll_table_spec
+from trellis.envs.factory import EnvFactory
+from trellis.reverb_tables import ReplayNode
 
 
 def make_program(

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from builders.base import ArraySpec
-from reverb_tables import ArraySpec as TableArraySpec
-from reverb_tables import RateLimiterTimeout, TableSpec
+from trellis.builders.base import ArraySpec
+from trellis.reverb_tables import ArraySpec as TableArraySpec
+from trellis.reverb_tables import RateLimiterTimeout, TableSpec
 
 UNROLL_TABLE = "unrolls"
 

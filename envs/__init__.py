@@ -1,9 +1,6 @@
-"""Environments: factories for Gymnasium ids, env specs and the CPU env worker."""
+"""Environments: factories for Gymnasium ids and env specs."""
 
-from envs.factory import EnvFactory, UnknownEnvError
-from envs.specs import EnvSpec, spec_from_spaces
-from envs.worker import EnvWorker, EpisodeTracker
+from trellis.envs.factory import EnvFactory, UnknownEnvError
+from trellis.envs.specs import EnvSpec, spec_from_spaces
 
-__all__ = [
-    "EnvFactory", "EnvSpec", "EnvWorker", "EpisodeTracker", "UnknownEnvError", "spec_from_spaces",
-]
+__all__ = ["EnvFactory", "EnvSpec", "UnknownEnvError", "spec_from_spaces"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from envs.specs import EnvSpec, spec_from_spaces
+from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 # Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium).
 _PLUGIN_MODULES = {"ALE/": "ale_py"}

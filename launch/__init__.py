@@ -15,16 +15,16 @@ nodes be restarted after they fail: `program.group("actor", max_restarts=3)`.
 This package never imports JAX, and importing it has no side effects.
 """
 
-from launch.launcher import PLATFORMS, LaunchResult, RunningProgram, launch
-from launch.node_context import (
+from trellis.launch.launcher import PLATFORMS, LaunchResult, RunningProgram, launch
+from trellis.launch.node_context import (
     node_label,
     request_stop,
     restart_count,
     stop_event,
     stop_requested,
 )
-from launch.program import CourierNode, Handle, Node, Program, PyNode
-from launch.rpc import Client, RemoteError
+from trellis.launch.program import CourierNode, Handle, Node, Program, PyNode
+from trellis.launch.rpc import Client, RemoteError
 
 __all__ = [
     "PLATFORMS",

@@ -9,15 +9,23 @@ RecordVideo (the env must render rgb arrays; needs `pip install moviepy`).
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Sequence
 
-if __name__ == "__main__" and not __package__:
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not __package__:
+    # Run as a file from a clone (`python launch/X.py`; spawned node processes re-run it so):
+    # the clone's folders are the `trellis` package, and launch/ itself must not shadow modules.
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p) != os.path.join(_root, "launch")]
+    _spec = importlib.machinery.ModuleSpec("trellis", None, is_package=True)
+    _spec.submodule_search_locations = [_root]
+    sys.modules["trellis"] = importlib.util.module_from_spec(_spec)
 
-from launch.rundir import CONFIG  # noqa: E402
+from trellis.builders.rundir import CONFIG  # noqa: E402
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -55,9 +63,9 @@ def load_policy(run_dir: str, step: int | None = None):
     """
     import jax
 
-    from builders.checkpointing import Checkpointer, CheckpointError, checkpoint_dir
-    from envs import UnknownEnvError
-    from launch import run
+    from trellis.builders.checkpointing import Checkpointer, CheckpointError, checkpoint_dir
+    from trellis.envs import UnknownEnvError
+    from trellis.launch import run
 
     path = os.path.join(run_dir, CONFIG)
     try:
@@ -121,7 +129,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     """Restores, plays, and returns {return_mean, return_min, return_max, episodes, ...}."""
     import jax
 
-    from builders.evaluation import run_episodes, summarize
+    from trellis.builders.evaluation import run_episodes, summarize
 
     policy, params, env_factory, step, progress = load_policy(args.run_dir, args.step)
     if args.video:

@@ -15,9 +15,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from launch import node_context, rpc
-from launch import program as program_lib
-from launch.node_context import NodeContext, Status
+from trellis.launch import node_context, rpc
+from trellis.launch import program as program_lib
+from trellis.launch.node_context import NodeContext, Status
 
 
 class Backend:

@@ -17,8 +17,8 @@ from typing import Any
 
 import cloudpickle
 
-from launch import node_context, rpc
-from launch.node_context import NodeContext, Status
+from trellis.launch import node_context, rpc
+from trellis.launch.node_context import NodeContext, Status
 
 
 class Handle:

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from launch import program as program_lib
-from launch import rpc
-from launch.node_context import NodeContext, Status
+from trellis.launch import program as program_lib
+from trellis.launch import rpc
+from trellis.launch.node_context import NodeContext, Status
 
 _SECRET_BYTES = 32
 _STATUS_POLL_S = 0.5  # How long an actor holds a status long-poll open.

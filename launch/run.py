@@ -11,21 +11,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.machinery
+import importlib.util
 import json
 import math
 import os
 import sys
 from collections.abc import Sequence
 
-if __name__ == "__main__" and not __package__:
-    # `python launch/run.py` puts launch/ itself first on sys.path, where `import launch`
-    # would not find the package; the repository root belongs there instead.
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not __package__:
+    # Run as a file from a clone (`python launch/X.py`; spawned node processes re-run it so):
+    # the clone's folders are the `trellis` package, and launch/ itself must not shadow modules.
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p) != os.path.join(_root, "launch")]
+    _spec = importlib.machinery.ModuleSpec("trellis", None, is_package=True)
+    _spec.submodule_search_locations = [_root]
+    sys.modules["trellis"] = importlib.util.module_from_spec(_spec)
 
 # Only light imports at module level: spawned node processes re-import this module, and
 # env workers should not pay for importing JAX. The rest is imported in `train`.
-from agents.registry import AGENTS, agent_module  # noqa: E402
-from launch.rundir import CONFIG, new_run_dir  # noqa: E402
+from trellis.agents.registry import AGENTS, agent_module  # noqa: E402
+from trellis.builders.rundir import CONFIG, new_run_dir  # noqa: E402
 
 PLATFORMS = ("local_mt", "local_mp", "ray")
 # Flags that set a field of the agent's config (only allowed where the agent has it).
@@ -131,13 +137,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     """(builder, env factory, experiment config) from the flags; ValueError on bad values."""
-    from builders import ExperimentConfig
-    from envs import EnvFactory
+    from trellis.builders.base import ExperimentConfig
+    from trellis.envs import EnvFactory
 
     env_factory = EnvFactory(args.env)
     env_factory.validate()
     if args.replay_backend == "reverb":
-        from reverb_tables import reverb_available
+        from trellis.reverb_tables import reverb_available
 
         if not reverb_available():
             raise ValueError("--replay_backend=reverb needs dm-reverb, which is not installed "
@@ -177,9 +183,9 @@ def build(args: argparse.Namespace):
 
 def train(args: argparse.Namespace) -> int:
     """Runs the experiment the flags describe; returns the exit code (2: bad input)."""
-    from builders.checkpointing import CheckpointError
-    from envs import UnknownEnvError
-    from launch.experiment import run_experiment
+    from trellis.builders.checkpointing import CheckpointError
+    from trellis.builders.experiment import run_experiment
+    from trellis.envs import UnknownEnvError
 
     try:
         builder, env_factory, config, agent_config = build(args)

@@ -5,16 +5,16 @@ backend (`NativeClient`, `Table`) serves them in-process with Reverb's sampling,
 rate-limiting semantics. Importing this package needs only numpy.
 """
 
-from reverb_tables.client import BACKENDS, make_client, reverb_available
-from reverb_tables.errors import (
+from trellis.reverb_tables.client import BACKENDS, make_client, reverb_available
+from trellis.reverb_tables.errors import (
     RateLimiterTimeout,
     SignatureError,
     TableClosedError,
     UnknownTableError,
 )
-from reverb_tables.native import NativeClient, Table
-from reverb_tables.node import ReplayClient, ReplayNode
-from reverb_tables.spec import (
+from trellis.reverb_tables.native import NativeClient, Table
+from trellis.reverb_tables.node import ReplayClient, ReplayNode
+from trellis.reverb_tables.spec import (
     ArraySpec,
     Fifo,
     Lifo,
@@ -31,7 +31,7 @@ from reverb_tables.spec import (
     TableSpec,
     Uniform,
 )
-from reverb_tables.types import SampleBatch
+from trellis.reverb_tables.types import SampleBatch
 
 __all__ = [
     "BACKENDS",

@@ -16,7 +16,7 @@ import heapq
 
 import numpy as np
 
-from reverb_tables import spec as spec_lib
+from trellis.reverb_tables import spec as spec_lib
 
 
 class Index:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from reverb_tables.native import NativeClient
-from reverb_tables.spec import TableSpec
+from trellis.reverb_tables.native import NativeClient
+from trellis.reverb_tables.spec import TableSpec
 
 BACKENDS = ("native", "reverb")
 
@@ -41,7 +41,7 @@ def make_client(tables: Sequence[TableSpec], backend: str = "native", *,
                 "replay backend 'reverb' needs dm-reverb (Python 3.11, tensorflow-cpu 2.15, "
                 "numpy<2); `make test-reverb` builds such an environment in .venv-reverb"
             )
-        from reverb_tables.dm_reverb import ReverbClient
+        from trellis.reverb_tables.dm_reverb import ReverbClient
 
         return ReverbClient(tables, seed=seed)
     raise ValueError(f"unknown replay backend {backend!r}; available: {list(BACKENDS)}")

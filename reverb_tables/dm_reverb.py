@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from reverb_tables import spec as spec_lib
-from reverb_tables import tree as tree_lib
-from reverb_tables.errors import (
+from trellis.reverb_tables import spec as spec_lib
+from trellis.reverb_tables import tree as tree_lib
+from trellis.reverb_tables.errors import (
     RateLimiterTimeout,
     TableClosedError,
     UnknownTableError,
 )
-from reverb_tables.native import DataChecker, check_priority, check_timeout
-from reverb_tables.types import SampleBatch
+from trellis.reverb_tables.native import DataChecker, check_priority, check_timeout
+from trellis.reverb_tables.types import SampleBatch
 
 _POLL_S = 0.002
 _DBL_MAX = float(np.finfo(np.float64).max)

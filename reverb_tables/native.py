@@ -32,16 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from reverb_tables import _index
-from reverb_tables import spec as spec_lib
-from reverb_tables import tree as tree_lib
-from reverb_tables.errors import (
+from trellis.reverb_tables import _index
+from trellis.reverb_tables import spec as spec_lib
+from trellis.reverb_tables import tree as tree_lib
+from trellis.reverb_tables.errors import (
     RateLimiterTimeout,
     SignatureError,
     TableClosedError,
     UnknownTableError,
 )
-from reverb_tables.types import SampleBatch
+from trellis.reverb_tables.types import SampleBatch
 
 _FORMAT = "trellis-reverb-tables/1"
 _MANIFEST = "manifest.json"

@@ -12,9 +12,9 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from reverb_tables import errors
-from reverb_tables import spec as spec_lib
-from reverb_tables.client import make_client
+from trellis.reverb_tables import errors
+from trellis.reverb_tables import spec as spec_lib
+from trellis.reverb_tables.client import make_client
 
 
 class ReplayNode:

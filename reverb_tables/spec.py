@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from reverb_tables import tree
+from trellis.reverb_tables import tree
 
 # --------------------------------------------------------------------------------------------
 # Signatures.

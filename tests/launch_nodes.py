@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-import launch
+from trellis import launch
 
 
 class Echo:
@@ -168,7 +168,7 @@ def return_at_once() -> None:
 # A launcher script for the signal tests: run with `python -c`, prints node pids and the result.
 SIGNAL_SCRIPT = """
 import sys
-import launch
+from trellis import launch
 from tests import launch_nodes
 
 program = launch.Program("signals")

@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-import launch
-from agents.impala import ImpalaBuilder, ImpalaConfig
-from builders import ExperimentConfig, make_program
-from envs import EnvFactory
+from trellis import launch
+from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+from trellis.builders.base import ExperimentConfig
+from trellis.builders.program import make_program
+from trellis.envs import EnvFactory
 
 
 @pytest.mark.parametrize("platform", [

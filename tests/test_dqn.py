@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.dqn import DQNBuilder, DQNConfig
-from agents.dqn.config import ApexConfig
-from agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
-from agents.replay import unrolls_to_transitions
-from envs import EnvFactory
 from tests.test_run import RANDOM_CARTPOLE_RETURN, run, summary
+from trellis.agents.dqn import DQNBuilder, DQNConfig
+from trellis.agents.dqn.config import ApexConfig
+from trellis.agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
+from trellis.agents.replay import unrolls_to_transitions
+from trellis.envs import EnvFactory
 
 
 def reference_transitions(unrolls, n, gamma):

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from envs import EnvFactory, EnvWorker, UnknownEnvError
+from trellis.builders.env_worker import EnvWorker
+from trellis.envs import EnvFactory, UnknownEnvError
 
 
 def test_spec_of_cartpole():
@@ -66,7 +67,7 @@ def test_atari_pixels_through_the_conv_torso():
     pytest.importorskip("ale_py")
     import jax
 
-    from agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 
     spec = EnvFactory("ALE/Pong-v5").spec()
     assert spec.observation_shape == (4, 84, 84) and spec.observation_dtype == "uint8"

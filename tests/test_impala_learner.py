@@ -9,9 +9,9 @@ from tests.multidevice import assert_devices_match, run_with_cpu_devices
 SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
-    from agents.impala import ImpalaBuilder, ImpalaConfig
-    from builders import step_specs
-    from envs import EnvFactory
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.builders.inference import step_specs
+    from trellis.envs import EnvFactory
 
     builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=6))
     spec = EnvFactory("CartPole-v1").spec()
@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     }
     out = {}
     for n in (1, 2, 4):
-        from agents.impala.learner import Learner
+        from trellis.agents.impala.learner import Learner
         learner = Learner(networks, builder.config, jax.random.PRNGKey(0), jax.devices()[:n])
         for _ in range(3):
             metrics = learner.step(batch)
@@ -62,7 +62,7 @@ def _loss_inputs(seed, T=8, A=3):
 
 def test_masked_autoreset_transition_contributes_nothing():
     """What happens on the ignored-action reset step must not change the loss."""
-    from agents.impala.losses import impala_loss
+    from trellis.agents.impala.losses import impala_loss
 
     kw = dict(baseline_cost=0.5, entropy_cost=0.01)
     x = _loss_inputs(0)
@@ -78,7 +78,7 @@ def test_on_policy_loss_matches_hand_computed_actor_critic():
     """rho = 1 everywhere: V-trace reduces to n-step returns; check each loss term by hand."""
     import jax
 
-    from agents.impala.losses import impala_loss
+    from trellis.agents.impala.losses import impala_loss
 
     x = _loss_inputs(1, T=3)
     x["behaviour_logits"] = x["logits"][:-1]  # On-policy.

@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from builders import ArraySpec, InferenceServer, UnrollBatcher, UnrollRecorder, step_specs
-from envs import EnvSpec
+from trellis.builders.base import ArraySpec
+from trellis.builders.inference import InferenceServer, UnrollRecorder, step_specs
+from trellis.builders.learner_node import UnrollBatcher
+from trellis.envs import EnvSpec
 
 SPEC = EnvSpec((3,), "float32", 4, (), "int32")
 W = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)

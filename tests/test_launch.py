@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 
-import launch
-from launch import node_context, rpc
 from tests import launch_nodes as nodes
+from trellis import launch
+from trellis.launch import node_context, rpc
 
 PLATFORMS = ["local_mt", "local_mp"]
 

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from agents.ppo import PPOBuilder, PPOConfig
-from envs.specs import EnvSpec
 from tests.multidevice import assert_devices_match, run_with_cpu_devices
+from trellis.agents.ppo import PPOBuilder, PPOConfig
+from trellis.envs.specs import EnvSpec
 
 CARTPOLE = EnvSpec((4,), "float32", 2, (), "int32")
 BOX = EnvSpec((3,), "float32", None, (1,), "float32", (-2.0,), (2.0,))
@@ -37,7 +37,7 @@ def random_batch(seed, T=7, B=8):
 
 
 def test_one_update_changes_params_with_finite_metrics():
-    from agents.ppo.learner import Learner
+    from trellis.agents.ppo.learner import Learner
 
     config = PPOConfig(unroll_length=7, batch_size=8, num_minibatches=4, num_epochs=2)
     builder = PPOBuilder(config)
@@ -59,9 +59,9 @@ def test_one_update_changes_params_with_finite_metrics():
 SCRIPT = textwrap.dedent("""
     import json
     import jax, numpy as np
-    from agents.ppo import PPOBuilder, PPOConfig
-    from agents.ppo.learner import Learner
-    from envs.specs import EnvSpec
+    from trellis.agents.ppo import PPOBuilder, PPOConfig
+    from trellis.agents.ppo.learner import Learner
+    from trellis.envs.specs import EnvSpec
     from tests.test_ppo_learner import random_batch
 
     config = PPOConfig(unroll_length=6, batch_size=8, num_minibatches=4, num_epochs=2)
@@ -90,7 +90,7 @@ def test_two_and_four_devices_match_one_device():
 def test_gaussian_policy_learns_a_continuous_bandit():
     """One-step episodes with reward -(a - 1)^2: through the builder's sampling policy (env
     actions clipped, raw samples recorded) and the learner, the mean action moves to 1."""
-    from agents.ppo.learner import Learner
+    from trellis.agents.ppo.learner import Learner
 
     config = PPOConfig(unroll_length=1, batch_size=64, num_minibatches=2, num_epochs=4,
                        learning_rate=1e-2)

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import rlax
 
-from agents.ppo.losses import (
+from trellis.agents.ppo.losses import (
     clipped_surrogate_loss,
     generalized_advantage_estimation,
     ppo_loss,
     transition_discounts,
     value_loss,
 )
-from agents.ppo.networks import Categorical, DiagonalGaussian
+from trellis.agents.ppo.networks import Categorical, DiagonalGaussian
 
 
 def random_unroll(seed, T=40, p_end=0.12):

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-import launch
 from tests import launch_nodes as nodes
+from trellis import launch
 
 pytest.importorskip("ray")
 
@@ -90,7 +90,7 @@ def _ray_start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
 PLACEMENT_SCRIPT = """
 import json, sys, time
 import ray
-import launch
+from trellis import launch
 from tests import launch_nodes as nodes
 
 address = sys.argv[1]
@@ -125,7 +125,7 @@ print(json.dumps(placed))
 def test_groups_land_on_the_nodes_with_their_resources():
     """A head with a custom "learner" resource and a CPU-only second node (both on loopback):
     the learner group goes to the head, the env-worker group to the other node."""
-    from launch import rpc
+    from trellis.launch import rpc
 
     before = _ray_pids()
     # Both nodes bind 127.0.0.1 only, so the test cluster runs without Ray's auth token.

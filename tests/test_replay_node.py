@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-import launch
-import reverb_tables as rt
+from trellis import launch
+from trellis import reverb_tables as rt
 
 SIGNATURE = {"x": rt.ArraySpec((2,), np.float32)}
 TABLES = [rt.TableSpec.queue("q", 3, signature=SIGNATURE),

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-import reverb_tables as rt
+from trellis import reverb_tables as rt
 
 SIGNATURE = {"obs": rt.ArraySpec((3,), np.float32), "step": rt.ArraySpec((), np.int64)}
 

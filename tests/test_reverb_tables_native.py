@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import reverb_tables as rt
-from reverb_tables import _index
+from trellis import reverb_tables as rt
+from trellis.reverb_tables import _index
 
 
 def random_ops(rng, capacity, n_ops):

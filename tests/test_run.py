@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agents.registry import AGENTS as REGISTERED
+from trellis.agents.registry import AGENTS as REGISTERED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents import common
-from agents.sac import SACBuilder, SACConfig
-from agents.sac.learner import init_state, make_update
-from agents.sac.losses import actor_loss, critic_loss, soft_q_target, temperature_loss
-from agents.sac.networks import TanhGaussian
-from envs import EnvFactory
 from tests.test_run import run, summary
+from trellis.agents import common
+from trellis.agents.sac import SACBuilder, SACConfig
+from trellis.agents.sac.learner import init_state, make_update
+from trellis.agents.sac.losses import actor_loss, critic_loss, soft_q_target, temperature_loss
+from trellis.agents.sac.networks import TanhGaussian
+from trellis.envs import EnvFactory
 
 # A uniform random policy scores about -1,200 to -1,500 per Pendulum-v1 episode; SAC's
 # first episodes (before learning) scored -1,578 and -1,571 in the runs the threshold below

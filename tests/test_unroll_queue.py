@@ -10,9 +10,9 @@ import threading
 import numpy as np
 import pytest
 
-import reverb_tables as rt
-from builders import ArraySpec
-from builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue, unroll_table_spec
+from trellis import reverb_tables as rt
+from trellis.builders.base import ArraySpec
+from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue, unroll_table_spec
 
 T, K = 3, 2
 SPECS = {"obs": ArraySpec((4,), "float32"), "action": ArraySpec((), "int32")}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from agents.dqn.config import DQNConfig
-from agents.dqn.learner import Learner
-from agents.dqn.networks import DQNNetworks, make_networks
-from builders.base import ArraySpec, QueueSpec
-from envs.specs import EnvSpec
+from trellis.agents.dqn.config import DQNConfig
+from trellis.agents.dqn.learner import Learner
+from trellis.agents.dqn.networks import DQNNetworks, make_networks
+from trellis.builders.base import ArraySpec, QueueSpec
+from trellis.envs.specs import EnvSpec
 
 
 class DQNBuilder:

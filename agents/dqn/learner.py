@@ -19,13 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import reverb_tables as rt
-from agents import common
-from agents.common import Batch, DataParallelLearner
-from agents.dqn.config import DQNConfig
-from agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
-from agents.dqn.networks import DQNNetworks
-from agents.replay import TransitionReplay
+from trellis import reverb_tables as rt
+from trellis.agents import common
+from trellis.agents.common import Batch, DataParallelLearner
+from trellis.agents.dqn.config import DQNConfig
+from trellis.agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
+from trellis.agents.dqn.networks import DQNNetworks
+from trellis.agents.replay import TransitionReplay
 
 
 @flax.struct.dataclass

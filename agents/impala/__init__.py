@@ -1,7 +1,7 @@
 """IMPALA (Espeholt et al., 2018) with V-trace, SEED-style central inference."""
 
-from agents.impala.builder import ImpalaBuilder
-from agents.impala.config import ImpalaConfig
+from trellis.agents.impala.builder import ImpalaBuilder
+from trellis.agents.impala.config import ImpalaConfig
 
 # The names agents/registry.py looks up.
 Builder = ImpalaBuilder

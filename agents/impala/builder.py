@@ -5,11 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from agents.impala.config import ImpalaConfig
-from agents.impala.learner import Learner
-from agents.impala.networks import ImpalaNetworks, make_networks
-from builders.base import ArraySpec, QueueSpec
-from envs.specs import EnvSpec
+from trellis.agents.impala.config import ImpalaConfig
+from trellis.agents.impala.learner import Learner
+from trellis.agents.impala.networks import ImpalaNetworks, make_networks
+from trellis.builders.base import ArraySpec, QueueSpec
+from trellis.envs.specs import EnvSpec
 
 
 class ImpalaBuilder:

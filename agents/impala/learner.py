@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from agents import common
-from agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
-from agents.impala.config import ImpalaConfig
-from agents.impala.losses import impala_loss
-from agents.impala.networks import ImpalaNetworks
+from trellis.agents import common
+from trellis.agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
+from trellis.agents.impala.config import ImpalaConfig
+from trellis.agents.impala.losses import impala_loss
+from trellis.agents.impala.networks import ImpalaNetworks
 
 
 def make_optimizer(config: ImpalaConfig) -> optax.GradientTransformation:

@@ -9,8 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from agents.common import make_torso
-from envs.specs import EnvSpec
+from trellis.agents.common import make_torso
+from trellis.envs.specs import EnvSpec
 
 
 class PolicyValueNet(nn.Module):

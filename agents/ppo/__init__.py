@@ -1,7 +1,7 @@
 """PPO (Schulman et al., 2017) with GAE, SEED-style central inference."""
 
-from agents.ppo.builder import PPOBuilder
-from agents.ppo.config import PPOConfig
+from trellis.agents.ppo.builder import PPOBuilder
+from trellis.agents.ppo.config import PPOConfig
 
 # The names agents/registry.py looks up.
 Builder = PPOBuilder

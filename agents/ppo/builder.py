@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import jax
 
-from agents.ppo.config import PPOConfig
-from agents.ppo.learner import Learner
-from agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
-from builders.base import ArraySpec, QueueSpec
-from envs.specs import EnvSpec
+from trellis.agents.ppo.config import PPOConfig
+from trellis.agents.ppo.learner import Learner
+from trellis.agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
+from trellis.builders.base import ArraySpec, QueueSpec
+from trellis.envs.specs import EnvSpec
 
 
 class PPOBuilder:

@@ -11,11 +11,15 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from agents import common
-from agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
-from agents.ppo.config import PPOConfig
-from agents.ppo.losses import generalized_advantage_estimation, ppo_loss, transition_discounts
-from agents.ppo.networks import PPONetworks
+from trellis.agents import common
+from trellis.agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
+from trellis.agents.ppo.config import PPOConfig
+from trellis.agents.ppo.losses import (
+    generalized_advantage_estimation,
+    ppo_loss,
+    transition_discounts,
+)
+from trellis.agents.ppo.networks import PPONetworks
 
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:

@@ -17,8 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from agents.common import diagonal_gaussian_log_prob, make_torso
-from envs.specs import EnvSpec
+from trellis.agents.common import diagonal_gaussian_log_prob, make_torso
+from trellis.envs.specs import EnvSpec
 
 DistParams = Any  # logits [..., A], or (mean, log_std) each [..., D].
 

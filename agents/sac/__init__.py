@@ -1,8 +1,8 @@
 """SAC (Haarnoja et al., 2018): twin critics, Polyak-averaged targets, a learned temperature
 and a tanh-squashed Gaussian policy, with uniform replay. SEED-style central inference."""
 
-from agents.sac.builder import SACBuilder
-from agents.sac.config import SACConfig
+from trellis.agents.sac.builder import SACBuilder
+from trellis.agents.sac.config import SACConfig
 
 # The names agents/registry.py looks up.
 Builder = SACBuilder

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import jax
 
-from agents.sac.config import SACConfig
-from agents.sac.learner import Learner
-from agents.sac.networks import SACNetworks, make_networks
-from builders.base import ArraySpec, QueueSpec
-from envs.specs import EnvSpec
+from trellis.agents.sac.config import SACConfig
+from trellis.agents.sac.learner import Learner
+from trellis.agents.sac.networks import SACNetworks, make_networks
+from trellis.builders.base import ArraySpec, QueueSpec
+from trellis.envs.specs import EnvSpec
 
 
 class SACBuilder:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from builders.base import require
+from trellis.builders.base import require
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,13 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import reverb_tables as rt
-from agents import common
-from agents.common import Batch, DataParallelLearner
-from agents.replay import TransitionReplay
-from agents.sac import losses
-from agents.sac.config import SACConfig
-from agents.sac.networks import SACNetworks
+from trellis import reverb_tables as rt
+from trellis.agents import common
+from trellis.agents.common import Batch, DataParallelLearner
+from trellis.agents.replay import TransitionReplay
+from trellis.agents.sac import losses
+from trellis.agents.sac.config import SACConfig
+from trellis.agents.sac.networks import SACNetworks
 
 
 @flax.struct.dataclass

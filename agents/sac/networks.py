@@ -15,8 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from agents.common import MLPTorso, diagonal_gaussian_log_prob
-from envs.specs import EnvSpec
+from trellis.agents.common import MLPTorso, diagonal_gaussian_log_prob
+from trellis.envs.specs import EnvSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-import launch
-from envs.factory import EnvFactory
+from trellis import launch
+from trellis.envs.factory import EnvFactory
 
 
 class EpisodeTracker:

@@ -16,9 +16,17 @@ import threading
 import time
 from typing import Any
 
-import launch
-from launch.progress import Progress
-from launch.rundir import CONFIG, SUMMARY, RunWriter, git_commit, read_json, versions, write_json
+from trellis import launch
+from trellis.builders.progress import Progress
+from trellis.builders.rundir import (
+    CONFIG,
+    SUMMARY,
+    RunWriter,
+    git_commit,
+    read_json,
+    versions,
+    write_json,
+)
 
 
 def _asdict(obj: Any) -> Any:
@@ -61,8 +69,8 @@ def run_experiment(
     Raises:
       builders.checkpointing.CheckpointError: `resume` and no readable checkpoint.
     """
-    from builders import make_program
-    from builders.checkpointing import checkpoint_dir, latest_checkpoint
+    from trellis.builders.checkpointing import checkpoint_dir, latest_checkpoint
+    from trellis.builders.program import make_program
 
     os.makedirs(run_dir, exist_ok=True)
     step, resume_steps, resume_elapsed = None, None, 0.0
@@ -137,7 +145,7 @@ def run_experiment(
         summary["error"] = result.reason
     write_json(os.path.join(run_dir, SUMMARY), summary)
     try:
-        from launch.plot import plot_run
+        from trellis.builders.curves import plot_run
 
         plot_run(run_dir)
     except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.

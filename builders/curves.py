@@ -1,0 +1,150 @@
+"""Learning curves from run directories: one run, or runs grouped by settings over seeds.
+
+One run gives its return against env steps and against wall time. Several runs are grouped
+by their settings (all but the seed); each group is drawn as the mean across its seeds with
+the min-max spread shaded, training return on the left and the greedy evaluation return on
+the right. `launch/plot.py` is the command line; `run_experiment` draws each run's curve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+
+from trellis.builders.rundir import CONFIG, CURVE, read_json, read_metrics
+
+# Settings that do not make runs different experiments.
+_NOT_SETTINGS = {"seed", "logdir", "resume", "quiet", "platform"}
+
+
+def _pyplot():
+    matplotlib.use("Agg")  # Files only; no display needed (CI, servers).
+    import matplotlib.pyplot as plt  # After choosing the backend, which must come first.
+
+    return plt
+
+
+def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
+    points = [(r[x], r[y]) for r in records if r.get(x) is not None and r.get(y) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_run(run_dir: str, out: str | None = None) -> str:
+    """Draws a run's learning curve (return vs env steps and vs wall time).
+
+    Args:
+      run_dir: a run directory with metrics.jsonl.
+      out: the PNG to write (default: RUN_DIR/learning_curve.png).
+
+    Returns:
+      The PNG's path.
+
+    Raises:
+      FileNotFoundError: the run has no metrics yet.
+    """
+    records = read_metrics(run_dir)
+    if not records:
+        raise FileNotFoundError(f"no metrics in {os.path.join(run_dir, 'metrics.jsonl')}")
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, x, label in ((axes[0], "env_steps", "env steps"),
+                         (axes[1], "wall_time_s", "wall time (s)")):
+        xs, ys = _series(records, x, "return_mean")
+        ax.plot(xs, ys, label="training (mean of last 100 episodes)")
+        evals = [r for r in records if r.get("eval_return_mean") is not None]
+        if evals:
+            # Evaluations are placed where their params were taken (eval_env_steps); on the
+            # time axis, at the record that reported them.
+            ex = [r["eval_env_steps"] if x == "env_steps" else r[x] for r in evals]
+            line, = ax.plot(ex, [r["eval_return_mean"] for r in evals], "o-", ms=3,
+                            label="evaluation (greedy: mean, min-max)")
+            ax.fill_between(ex, [r["eval_return_min"] for r in evals],
+                            [r["eval_return_max"] for r in evals], color=line.get_color(),
+                            alpha=0.2)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("episode return")
+    axes[0].legend(loc="best", fontsize="small")
+    fig.suptitle(_title(run_dir))
+    fig.tight_layout()
+    out = out or os.path.join(run_dir, CURVE)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _config(run_dir: str) -> dict[str, Any]:
+    try:
+        return read_json(os.path.join(run_dir, CONFIG))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _title(run_dir: str) -> str:
+    config = _config(run_dir)
+    name = f"{config.get('agent', '?')} on {config.get('env', '?')}"
+    return f"{name}  ({os.path.basename(os.path.normpath(run_dir))})"
+
+
+def _settings(run_dir: str) -> dict[str, Any]:
+    config = _config(run_dir)
+    args = dict(config.get("args") or {"agent": config.get("agent"), "env": config.get("env")})
+    return {k: v for k, v in args.items() if k not in _NOT_SETTINGS}
+
+
+def _mean_and_spread(curves: list[tuple[list[float], list[float]]], num: int = 200):
+    end = min(xs[-1] for xs, _ in curves)  # Only where every seed has data.
+    start = max(xs[0] for xs, _ in curves)
+    grid = np.linspace(start, end, num) if end > start else np.array([start])
+    ys = np.stack([np.interp(grid, xs, ys) for xs, ys in curves])
+    return grid, ys.mean(0), ys.min(0), ys.max(0)
+
+
+def plot_runs(run_dirs: Sequence[str], out: str) -> str:
+    """Overlays runs: one line per group of seeds (mean) with its min-max spread.
+
+    Raises:
+      FileNotFoundError: a run directory has no metrics.
+    """
+    groups: dict[str, list[str]] = {}
+    settings = {d: _settings(d) for d in run_dirs}
+    for d in run_dirs:
+        if not read_metrics(d):
+            raise FileNotFoundError(f"no metrics in {os.path.join(d, 'metrics.jsonl')}")
+        groups.setdefault(json.dumps(settings[d], sort_keys=True), []).append(d)
+    # Label groups by what tells them apart.
+    keys = sorted({k for s in settings.values() for k in s})
+    varying = [k for k in keys if len({json.dumps(s.get(k)) for s in settings.values()}) > 1]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for dirs in groups.values():
+        s = settings[dirs[0]]
+        label = " ".join(f"{k}={s.get(k)}" for k in varying) or f"{s.get('agent')} {s.get('env')}"
+        label += f" ({len(dirs)} seed{'s' if len(dirs) > 1 else ''})"
+        for ax, x, y in ((axes[0], "env_steps", "return_mean"),
+                         (axes[1], "eval_env_steps", "eval_return_mean")):
+            curves = [_series(read_metrics(d), x, y) for d in dirs]
+            curves = [c for c in curves if c[0]]
+            if not curves:
+                continue
+            grid, mean, low, high = _mean_and_spread(curves)
+            line, = ax.plot(grid, mean, label=label)
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+    axes[0].set_title("training return (last 100 episodes)")
+    axes[1].set_title("evaluation return (greedy)")
+    for ax in axes:
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("episode return")
+    axes[0].legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
