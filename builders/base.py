@@ -115,12 +115,9 @@ class ExperimentConfig:
     # a learner that does not share a process with inference), served by `replay_backend`.
     unroll_queue: str = "local"
     replay_backend: str = "native"
-    # Checkpoints of the learner state and counters (see builders/checkpointing.py): none
-    # without a directory. `resume_step` names the checkpoint to continue from.
-    checkpoint_dir: str | None = None
+    # Checkpoints of the learner state and counters (where: `builders.checkpointing.Checkpoints`).
     checkpoint_every_s: float = 60.0
     keep_checkpoints: int = 3
-    resume_step: int | None = None
     # Evaluation of the greedy policy on separate envs: `eval_episodes` episodes at the start
     # and every `eval_every` env steps; 0 turns the evaluator node off.
     eval_every: int = 0
@@ -149,8 +146,6 @@ class ExperimentConfig:
                 f"{name}: checkpoint_every_s must be > 0, got {self.checkpoint_every_s}")
         require(self.keep_checkpoints >= 1,
                 f"{name}: keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
-        require(self.resume_step is None or self.checkpoint_dir is not None,
-                f"{name}: resume_step needs a checkpoint_dir")
         require(self.eval_every >= 0, f"{name}: eval_every must be >= 0, got {self.eval_every}")
         require(self.eval_episodes >= 1,
                 f"{name}: eval_episodes must be >= 1, got {self.eval_episodes}")

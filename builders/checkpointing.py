@@ -11,6 +11,7 @@ process killed mid-save (even with SIGKILL) leaves the previous checkpoints inta
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -20,6 +21,17 @@ CHECKPOINT_SUBDIR = "checkpoints"
 
 class CheckpointError(Exception):
     """A checkpoint is missing or cannot be read; the message names the path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoints:
+    """Where a learner node checkpoints, and the checkpoint it resumes from (None: a new run).
+
+    `directory` must be absolute (orbax requires it): `checkpoint_dir(run_dir)` gives one.
+    """
+
+    directory: str
+    resume_step: int | None = None
 
 
 def checkpoint_dir(run_dir: str) -> str:

@@ -51,8 +51,8 @@ def run_experiment(
     Args:
       builder: the agent (builders.base.Builder).
       env_factory: envs.EnvFactory.
-      config: builders.ExperimentConfig; its checkpoint fields are filled in here (the
-        checkpoints live in RUN_DIR/checkpoints).
+      config: the experiment settings (builders.base.ExperimentConfig); the learner
+        checkpoints into RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
       platform: "local_mt", "local_mp" or "ray".
       quiet: no progress output.
@@ -69,7 +69,7 @@ def run_experiment(
     Raises:
       builders.checkpointing.CheckpointError: `resume` and no readable checkpoint.
     """
-    from trellis.builders.checkpointing import checkpoint_dir, latest_checkpoint
+    from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
     from trellis.builders.program import make_program
 
     os.makedirs(run_dir, exist_ok=True)
@@ -77,12 +77,11 @@ def run_experiment(
     if resume:
         step, progress = latest_checkpoint(run_dir)  # A clear error before anything starts.
         resume_steps, resume_elapsed = progress["env_steps"], float(progress.get("elapsed_s", 0))
-    config = dataclasses.replace(config, checkpoint_dir=checkpoint_dir(run_dir),
-                                 resume_step=step)
     _write_config(run_dir, builder, env_factory, config, settings, resume_steps)
 
     name = getattr(env_factory, "env_id", "env")
-    program = make_program(builder, env_factory, config, name=f"{type(builder).__name__}-{name}")
+    program = make_program(builder, env_factory, config, name=f"{type(builder).__name__}-{name}",
+                           checkpoints=Checkpoints(checkpoint_dir(run_dir), step))
     progress_bar = Progress(config.total_env_steps, quiet=quiet, initial=resume_steps or 0)
     writer = RunWriter(run_dir, resume_steps)
     stats: dict[str, Any] = {}

@@ -13,7 +13,7 @@ import numpy as np
 
 from trellis import launch
 from trellis.builders.base import Builder, ExperimentConfig, QueueSpec
-from trellis.builders.checkpointing import Checkpointer
+from trellis.builders.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.inference import InferenceServer, step_specs
 from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
 from trellis.envs.factory import EnvFactory
@@ -53,18 +53,19 @@ class LearnerNode:
     The program stops (via `launch.request_stop`) when the env-step budget or the return
     target is reached; `info` carries the final stats.
 
-    With `config.checkpoint_dir`, the learner state and the counters are checkpointed every
-    `config.checkpoint_every_s` seconds and when the node stops; with `config.resume_step`,
+    With `checkpoints`, the learner state and the counters are checkpointed every
+    `config.checkpoint_every_s` seconds and when the node stops; with its `resume_step`,
     both are restored from that checkpoint first, so counters and returns continue.
 
     Args:
       builder, env_factory, config: the agent, its envs and the experiment settings.
       replay: with `config.unroll_queue == "replay"`, the replay node holding the unroll
         table (`builders.unroll_queue.unroll_table_spec`); unrolls go through it.
+      checkpoints: where to checkpoint and what to resume from; None: no checkpoints.
     """
 
     def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
-                 replay: Any = None):
+                 replay: Any = None, checkpoints: Checkpoints | None = None):
         self._config = config
         spec = env_factory.spec()
         learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -72,11 +73,11 @@ class LearnerNode:
         self._learner = builder.make_learner(networks, spec, learner_key)
         self._checkpointer = None
         progress: dict[str, Any] = {}
-        if config.checkpoint_dir is not None:
-            self._checkpointer = Checkpointer(config.checkpoint_dir, config.keep_checkpoints)
-            if config.resume_step is not None:
+        if checkpoints is not None:
+            self._checkpointer = Checkpointer(checkpoints.directory, config.keep_checkpoints)
+            if checkpoints.resume_step is not None:
                 state, progress = self._checkpointer.restore(
-                    self._learner.state, config.resume_step)
+                    self._learner.state, checkpoints.resume_step)
                 self._learner.restore(state)
         queue_spec = builder.queue_spec()
         if replay is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trellis import launch
 from trellis.builders.base import Builder, ExperimentConfig
+from trellis.builders.checkpointing import Checkpoints
 from trellis.builders.env_worker import EnvWorker
 from trellis.builders.evaluation import Evaluator
 from trellis.builders.inference import step_specs
@@ -14,7 +15,11 @@ from trellis.reverb_tables import ReplayNode
 
 
 def make_program(
-    builder: Builder, env_factory: EnvFactory, config: ExperimentConfig, name: str = "trellis"
+    builder: Builder,
+    env_factory: EnvFactory,
+    config: ExperimentConfig,
+    name: str = "trellis",
+    checkpoints: Checkpoints | None = None,
 ) -> launch.Program:
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
@@ -23,7 +28,8 @@ def make_program(
 
     With `config.unroll_queue == "replay"` a "replay" node holds the Queue table through
     which unrolls reach the learner. With `config.eval_every > 0` an "evaluator" node runs
-    the greedy policy on envs of its own.
+    the greedy policy on envs of its own. With `checkpoints`, the learner checkpoints there
+    (and resumes from its `resume_step`).
 
     Returns:
       The program; its "learner" group holds one node whose handle is the env workers'
@@ -44,7 +50,7 @@ def make_program(
     # workers on CPU machines; other platforms ignore resources.
     with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(
-            launch.CourierNode(LearnerNode, builder, env_factory, config, replay))
+            launch.CourierNode(LearnerNode, builder, env_factory, config, replay, checkpoints))
     # A restarted env worker comes back with a new run id; inference then drops its partial
     # unrolls, so no unroll spans the restart.
     with program.group("actor", max_restarts=config.max_actor_restarts,
