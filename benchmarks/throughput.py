@@ -20,7 +20,7 @@ from common import cpu_count, rounded
 
 from trellis import launch
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-from trellis.builders.base import ExperimentConfig
+from trellis.builders.config import ExperimentConfig
 from trellis.builders.program import make_program
 from trellis.envs import EnvFactory
 

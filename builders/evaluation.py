@@ -10,7 +10,8 @@ import jax
 import numpy as np
 
 from trellis import launch
-from trellis.builders.base import Builder, ExperimentConfig, Policy
+from trellis.builders.base import Builder, Policy
+from trellis.builders.config import ExperimentConfig
 from trellis.envs.factory import EnvFactory
 
 

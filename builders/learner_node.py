@@ -12,8 +12,9 @@ import jax
 import numpy as np
 
 from trellis import launch
-from trellis.builders.base import Builder, ExperimentConfig, QueueSpec
+from trellis.builders.base import Builder, QueueSpec
 from trellis.builders.checkpointing import Checkpointer, Checkpoints
+from trellis.builders.config import ExperimentConfig
 from trellis.builders.inference import InferenceServer, step_specs
 from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
 from trellis.envs.factory import EnvFactory

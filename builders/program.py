@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from trellis import launch
-from trellis.builders.base import Builder, ExperimentConfig
+from trellis.builders.base import Builder
 from trellis.builders.checkpointing import Checkpoints
+from trellis.builders.config import ExperimentConfig
 from trellis.builders.env_worker import EnvWorker
 from trellis.builders.evaluation import Evaluator
 from trellis.builders.inference import step_specs

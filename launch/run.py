@@ -137,7 +137,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     """(builder, env factory, experiment config) from the flags; ValueError on bad values."""
-    from trellis.builders.base import ExperimentConfig
+    from trellis.builders.config import ExperimentConfig
     from trellis.envs import EnvFactory
 
     env_factory = EnvFactory(args.env)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.base import require
+from trellis.builders.config import require
 
 
 @dataclasses.dataclass(frozen=True)
