@@ -39,8 +39,10 @@ test-reverb: $(REVERB_VENV)/.installed
 	$(REVERB_VENV)/bin/python -m pytest -q tests/test_reverb_tables.py \
 		tests/test_reverb_tables_native.py tests/test_replay_node.py tests/test_unroll_queue.py
 
+# ruff, then the import layers (pyproject's [tool.importlinter] contracts).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/python benchmarks/throughput.py
