@@ -1,4 +1,4 @@
-"""The Builder protocol and the experiment-level configuration.
+"""The agent contract: the Builder, Learner and Policy protocols, ArraySpec and QueueSpec.
 
 A builder says *what an agent is* (networks, policy, learner, what inference records and
 how unrolls are batched); `builders.make_program` says how its pieces are wired into a
@@ -15,15 +15,10 @@ import jax
 import numpy as np
 
 from trellis.envs.specs import EnvSpec
+from trellis.reverb_tables.spec import ArraySpec
 
-
-@dataclasses.dataclass(frozen=True)
-class ArraySpec:
-    shape: tuple[int, ...]
-    dtype: str
-
-    def zeros(self, batch: tuple[int, ...]) -> np.ndarray:
-        return np.zeros(batch + self.shape, self.dtype)
+# One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
+__all__ = ["ArraySpec", "Builder", "Learner", "Policy", "QueueSpec"]
 
 
 @dataclasses.dataclass(frozen=True)

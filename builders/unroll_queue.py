@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from trellis.builders.base import ArraySpec
-from trellis.reverb_tables import ArraySpec as TableArraySpec
 from trellis.reverb_tables import RateLimiterTimeout, TableSpec
 
 UNROLL_TABLE = "unrolls"
@@ -48,7 +47,7 @@ def unroll_table_spec(step_specs: Mapping[str, ArraySpec], unroll_length: int,
                       envs_per_worker: int, max_unrolls: int) -> TableSpec:
     """A Queue table of unrolls {field: [T + 1, K, ...]}: FIFO, each item sampled once."""
     signature = {
-        name: TableArraySpec((unroll_length + 1, envs_per_worker) + s.shape, s.dtype)
+        name: ArraySpec((unroll_length + 1, envs_per_worker) + s.shape, s.dtype)
         for name, s in step_specs.items()
     }
     return TableSpec.queue(UNROLL_TABLE, max_unrolls, signature=signature)

@@ -36,7 +36,8 @@ from trellis.reverb_tables import tree
 
 @dataclasses.dataclass(frozen=True)
 class ArraySpec:
-    """Shape and dtype of one leaf of a table's signature (a fully defined shape).
+    """Shape and dtype of one array: a leaf of a table's signature, and (re-exported by the
+    agent contract, `builders.base`) a field that inference records per step.
 
     Attributes:
         shape: tuple of non-negative ints (no unknown dimensions: storage is preallocated).
@@ -63,6 +64,10 @@ class ArraySpec:
             raise ValueError("ArraySpec.dtype must not be `object`: tables store numeric arrays")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
+
+    def zeros(self, batch: tuple[int, ...]) -> np.ndarray:
+        """Zeros of this spec with leading `batch` dimensions: [*batch, *shape]."""
+        return np.zeros(batch + self.shape, self.dtype)
 
 
 # --------------------------------------------------------------------------------------------
