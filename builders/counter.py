@@ -1,0 +1,211 @@
+"""The run's counter: env steps, learner steps, episodes and the window of recent returns.
+
+Acme's `build_counter` is the idea: counting is its own small piece, shared by whoever counts
+(the env workers' step RPCs and the learner thread both update one `Counter`), read by whoever
+decides or reports (the stop rule in `builders.stop`, `stats()`, the checkpointer).
+
+A `Counter` is thread-safe; `snapshot()` gives an immutable `CounterSnapshot`, from which the
+stop rule decides and the reports are computed, so a decision never sees half an update.
+Its checkpointable form, `CounterSnapshot.progress()`, is the `progress` dict that
+`builders.checkpointing` saves beside the learner state; `Counter.restore` continues from it, so
+a resumed run goes on counting (and timing) where the checkpoint left off.
+
+No JAX here (numpy only): the counter and the stop rule are tested without an accelerator.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+Clock = Callable[[], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterSnapshot:
+    """The counter at one moment.
+
+    Attributes:
+      env_steps: env steps taken by all env workers, over all sessions of the run.
+      learner_steps: learner updates, over all sessions.
+      episodes: finished episodes, over all sessions.
+      returns: undiscounted returns of the last (at most `return_window`) episodes, oldest first.
+      lengths: lengths of the same episodes.
+      elapsed_s: training time summed over the run's sessions (resumes included).
+      resumes: how many times the run was resumed from a checkpoint (0 for a fresh run).
+    """
+
+    env_steps: int
+    learner_steps: int
+    episodes: int
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+    elapsed_s: float
+    resumes: int
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and the return window's statistics, as reported by the learner node.
+
+        Returns:
+          env_steps, learner_steps, episodes, elapsed_s, resumes, returns_in_window, and
+          mean_return, min_return, max_return, mean_episode_length (None while no episode
+          has finished).
+        """
+        returns, lengths = self.returns, self.lengths
+        return {
+            "env_steps": self.env_steps,
+            "learner_steps": self.learner_steps,
+            "episodes": self.episodes,
+            "mean_return": float(np.mean(returns)) if returns else None,
+            "min_return": float(np.min(returns)) if returns else None,
+            "max_return": float(np.max(returns)) if returns else None,
+            "returns_in_window": len(returns),
+            "mean_episode_length": float(np.mean(lengths)) if lengths else None,
+            "elapsed_s": self.elapsed_s,
+            "resumes": self.resumes,
+        }
+
+    def progress(self) -> dict[str, Any]:
+        """The checkpointable form: plain JSON types, the keys `Counter.restore` reads.
+
+        The keys (env_steps, learner_steps, episodes, returns, lengths, elapsed_s, resumes)
+        are those of existing run directories' checkpoints: keep them, or old runs stop
+        resuming.
+        """
+        return {
+            "env_steps": self.env_steps,
+            "learner_steps": self.learner_steps,
+            "episodes": self.episodes,
+            "returns": [float(r) for r in self.returns],
+            "lengths": [int(n) for n in self.lengths],
+            "elapsed_s": self.elapsed_s,
+            "resumes": self.resumes,
+        }
+
+
+class Counter:
+    """Thread-safe counts of one run, continued across resumed sessions.
+
+    Args:
+      return_window: how many of the latest episodes the return window keeps.
+      clock: seconds from a monotonic clock (injectable so that tests control time).
+    """
+
+    def __init__(self, return_window: int, clock: Clock = time.monotonic):
+        if return_window < 1:
+            raise ValueError(f"Counter: return_window must be >= 1, got {return_window}")
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._env_steps = 0
+        self._learner_steps = 0
+        self._episodes = 0
+        self._returns: collections.deque[float] = collections.deque(maxlen=return_window)
+        self._lengths: collections.deque[int] = collections.deque(maxlen=return_window)
+        self._elapsed_before = 0.0
+        self._session_start = clock()
+        self._resumes = 0
+
+    @classmethod
+    def restore(cls, progress: Mapping[str, Any], return_window: int,
+                clock: Clock = time.monotonic) -> Counter:
+        """A counter that continues from a checkpoint's `progress` (`CounterSnapshot.progress`).
+
+        Counts and elapsed time go on from the saved ones, the return window is refilled with
+        the saved returns (its newest `return_window` if the window is now smaller), and
+        `resumes` is one more than saved.
+
+        Args:
+          progress: the checkpoint's progress dict; env_steps and learner_steps are required,
+            the other keys default as for a fresh run (0, empty window) when absent.
+          return_window: as for the constructor.
+          clock: as for the constructor.
+
+        Raises:
+          KeyError: `progress` lacks env_steps or learner_steps.
+        """
+        counter = cls(return_window, clock)
+        counter._env_steps = int(progress["env_steps"])
+        counter._learner_steps = int(progress["learner_steps"])
+        counter._episodes = int(progress.get("episodes", 0))
+        counter._returns.extend(float(r) for r in progress.get("returns", []))
+        counter._lengths.extend(int(n) for n in progress.get("lengths", []))
+        counter._elapsed_before = float(progress.get("elapsed_s", 0.0))
+        counter._resumes = int(progress.get("resumes", 0)) + 1
+        return counter
+
+    def start_session(self) -> None:
+        """Starts this session's clock now (so set-up time before training is not counted)."""
+        with self._lock:
+            self._session_start = self._clock()
+
+    def add_env_steps(self, steps: int, episodes: Iterable[tuple[float, int]] = ()) -> None:
+        """Counts `steps` env steps and the episodes that finished in them.
+
+        Args:
+          steps: env steps taken (one per env of a vectorised step).
+          episodes: (return, length) of each episode that finished in those steps.
+        """
+        with self._lock:
+            self._env_steps += steps
+            for episode_return, length in episodes:
+                self._returns.append(float(episode_return))
+                self._lengths.append(int(length))
+                self._episodes += 1
+
+    def add_learner_step(self) -> None:
+        """Counts one learner update."""
+        with self._lock:
+            self._learner_steps += 1
+
+    def env_steps(self) -> int:
+        """Env steps so far (cheaper than a snapshot, for frequent polls)."""
+        with self._lock:
+            return self._env_steps
+
+    def snapshot(self) -> CounterSnapshot:
+        """All counts at one moment, consistent with each other."""
+        with self._lock:
+            return CounterSnapshot(
+                env_steps=self._env_steps,
+                learner_steps=self._learner_steps,
+                episodes=self._episodes,
+                returns=tuple(self._returns),
+                lengths=tuple(self._lengths),
+                elapsed_s=self._elapsed_before + self._clock() - self._session_start,
+                resumes=self._resumes,
+            )
+
+
+class StepRate:
+    """Env steps per second, measured between reads at least `min_interval_s` apart.
+
+    Reads closer together than that return the previous value, so a display polling often
+    does not see the noise of tiny intervals.
+
+    Args:
+      steps: the step count at the start.
+      min_interval_s: the shortest interval a new value is measured over.
+      clock: as for `Counter`.
+    """
+
+    def __init__(self, steps: int = 0, min_interval_s: float = 0.5,
+                 clock: Clock = time.monotonic):
+        self._clock = clock
+        self._min_interval_s = min_interval_s
+        self._last = (clock(), steps)
+        self._value = 0.0
+
+    def update(self, steps: int) -> float:
+        """The rate given the step count now."""
+        now = self._clock()
+        t0, s0 = self._last
+        if now - t0 >= self._min_interval_s:
+            self._value = (steps - s0) / (now - t0)
+            self._last = (now, steps)
+        return self._value

@@ -1,0 +1,146 @@
+"""The run's counter: counts, the return window, time across sessions, the checkpoint form."""
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from trellis.builders.counter import Counter, StepRate
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now=100.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def test_counts_steps_episodes_and_learner_steps():
+    counter = Counter(return_window=3)
+    counter.add_env_steps(8)
+    counter.add_env_steps(8, [(10.0, 4), (20.0, 6)])
+    counter.add_learner_step()
+    snap = counter.snapshot()
+    assert (snap.env_steps, snap.episodes, snap.learner_steps) == (16, 2, 1)
+    assert counter.env_steps() == 16
+    assert snap.returns == (10.0, 20.0) and snap.lengths == (4, 6)
+
+
+def test_window_keeps_exactly_the_last_return_window_episodes():
+    counter = Counter(return_window=3)
+    counter.add_env_steps(4, [(1.0, 1), (2.0, 2), (3.0, 3), (4.0, 4)])
+    counter.add_env_steps(1, [(8.0, 8)])
+    stats = counter.snapshot().stats()
+    # Window: returns 3, 4, 8 (1 and 2 fell out); episodes still counts all five.
+    assert stats["episodes"] == 5
+    assert stats["returns_in_window"] == 3
+    assert stats["mean_return"] == pytest.approx(5.0)
+    assert (stats["min_return"], stats["max_return"]) == (3.0, 8.0)
+    assert stats["mean_episode_length"] == pytest.approx(5.0)
+
+
+def test_stats_before_any_episode_have_no_return():
+    stats = Counter(return_window=5).snapshot().stats()
+    assert stats["returns_in_window"] == 0
+    assert stats["mean_return"] is None and stats["min_return"] is None
+    assert stats["max_return"] is None and stats["mean_episode_length"] is None
+    assert stats["resumes"] == 0
+
+
+def test_elapsed_counts_from_session_start():
+    clock = FakeClock(100.0)
+    counter = Counter(return_window=2, clock=clock)
+    clock.now = 130.0  # Set-up time: not training.
+    counter.start_session()
+    clock.now = 142.5
+    assert counter.snapshot().elapsed_s == pytest.approx(12.5)
+
+
+def test_checkpoint_form_round_trips_through_json_and_continues():
+    clock = FakeClock(0.0)
+    counter = Counter(return_window=3, clock=clock)
+    counter.add_env_steps(40, [(1.0, 10), (2.0, 20), (3.0, 30), (4.0, 40)])
+    for _ in range(5):
+        counter.add_learner_step()
+    clock.now = 7.0
+    progress = json.loads(json.dumps(counter.snapshot().progress()))  # As orbax's JsonSave.
+    assert progress == {
+        "env_steps": 40, "learner_steps": 5, "episodes": 4, "returns": [2.0, 3.0, 4.0],
+        "lengths": [20, 30, 40], "elapsed_s": 7.0, "resumes": 0,
+    }
+
+    later = FakeClock(1000.0)
+    resumed = Counter.restore(progress, return_window=3, clock=later)
+    later.now = 1003.0
+    snap = resumed.snapshot()
+    assert (snap.env_steps, snap.learner_steps, snap.episodes) == (40, 5, 4)
+    assert snap.returns == (2.0, 3.0, 4.0) and snap.lengths == (20, 30, 40)
+    assert snap.elapsed_s == pytest.approx(7.0 + 3.0)  # Time goes on across sessions.
+    assert snap.resumes == 1
+    resumed.add_env_steps(2, [(9.0, 2)])
+    assert resumed.snapshot().returns == (3.0, 4.0, 9.0)
+    again = Counter.restore(resumed.snapshot().progress(), return_window=3)
+    assert again.snapshot().resumes == 2
+
+
+def test_restore_into_a_smaller_window_keeps_the_newest_returns():
+    progress = {"env_steps": 5, "learner_steps": 0, "episodes": 3, "returns": [1.0, 2.0, 3.0],
+                "lengths": [1, 2, 3], "elapsed_s": 0.0, "resumes": 0}
+    assert Counter.restore(progress, return_window=2).snapshot().returns == (2.0, 3.0)
+
+
+def test_restore_requires_the_step_counts():
+    with pytest.raises(KeyError, match="learner_steps"):
+        Counter.restore({"env_steps": 3}, return_window=2)
+
+
+def test_return_window_must_be_positive():
+    with pytest.raises(ValueError, match="return_window must be >= 1, got 0"):
+        Counter(return_window=0)
+
+
+def test_concurrent_updates_lose_no_counts():
+    counter = Counter(return_window=10)
+    threads, rounds = 8, 2_000
+    start = threading.Barrier(threads)
+
+    def work(i):
+        start.wait()
+        for _ in range(rounds):
+            counter.add_env_steps(3, [(float(i), 1)])
+            counter.add_learner_step()
+            counter.snapshot()  # Readers race with the writers too.
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    snap = counter.snapshot()
+    assert snap.env_steps == 3 * threads * rounds
+    assert snap.episodes == snap.learner_steps == threads * rounds
+    assert len(snap.returns) == len(snap.lengths) == 10
+
+
+def test_step_rate_measures_over_at_least_the_min_interval():
+    clock = FakeClock(0.0)
+    rate = StepRate(steps=100, min_interval_s=0.5, clock=clock)
+    clock.now = 0.2
+    assert rate.update(500) == 0.0  # Too soon to measure.
+    clock.now = 2.0
+    assert rate.update(500) == pytest.approx(200.0)  # 400 steps in 2 s.
+    clock.now = 2.1
+    assert rate.update(10_000) == pytest.approx(200.0)  # Kept until the next interval.
+
+
+def test_counter_and_stop_rule_import_no_jax():
+    code = ("import sys, trellis.builders.counter, trellis.builders.stop; "
+            "assert 'jax' not in sys.modules, 'jax was imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
