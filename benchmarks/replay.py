@@ -25,20 +25,13 @@ import argparse
 import json
 import time
 
-import numpy as np
 from common import rounded
+from replay_items import ITEMS, make_item, rate
 
 from trellis import launch
 from trellis.reverb_tables import spec as S
 from trellis.reverb_tables.client import make_client, reverb_available
 from trellis.reverb_tables.node import ReplayClient, ReplayNode
-
-ITEMS = {
-    "cartpole": {"obs": S.ArraySpec((20, 4), np.float32), "action": S.ArraySpec((20,), np.int32),
-                 "reward": S.ArraySpec((20,), np.float32)},
-    "atari": {"obs": S.ArraySpec((20, 84, 84, 4), np.uint8), "action": S.ArraySpec((20,), np.int32),
-              "reward": S.ArraySpec((20,), np.float32)},
-}
 
 
 def tables(item: str, max_size: int) -> list[S.TableSpec]:
@@ -48,20 +41,6 @@ def tables(item: str, max_size: int) -> list[S.TableSpec]:
                     signature=sig),
         S.TableSpec.queue("queue", max_size, signature=sig),
     ]
-
-
-def make_item(item: str) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {k: (rng.integers(0, 255, s.shape) if s.dtype == np.uint8 else
-                rng.normal(size=s.shape)).astype(s.dtype) for k, s in ITEMS[item].items()}
-
-
-def rate(fn, seconds: float) -> float:
-    """Calls `fn()` (which returns items done) for `seconds`; items per second."""
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        n += fn()
-    return n / (time.perf_counter() - start)
 
 
 def measure(client, item: str, seconds: float, batch_size: int, max_size: int) -> dict:

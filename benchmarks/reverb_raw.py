@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import reverb
 import tensorflow as tf
-from replay import ITEMS, make_item, rate
+from replay_items import ITEMS, make_item, rate
 
 
 def run_reverb_raw(item: str, args) -> dict:
