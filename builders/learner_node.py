@@ -1,10 +1,18 @@
-"""The learner node: learner and inference server in one process, sharing the params."""
+"""The learner node: the learner and the inference server in one process, sharing the params.
+
+SEED RL's learner is the model: env workers send observations to this node's inference server
+(`builders.inference`), which batches them on the accelerator and turns what it saw into
+unrolls; the learner loop here takes them in batches, updates, and hands the new params back
+to inference in the same process, with no copy through the network.
+
+The node is wiring; each concern is its own piece: counting (`builders.counter`), stopping
+(`builders.stop`), the unroll queue (`builders.unroll_queue`), checkpoints
+(`builders.checkpointing`). Its loop only moves batches and params.
+"""
 
 from __future__ import annotations
 
-import collections
 import math
-import threading
 import time
 from typing import Any
 
@@ -15,7 +23,9 @@ from trellis import launch
 from trellis.builders.base import Builder, QueueSpec
 from trellis.builders.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.config import ExperimentConfig
+from trellis.builders.counter import Counter, StepRate
 from trellis.builders.inference import InferenceServer, step_specs
+from trellis.builders.stop import StopRule
 from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
 from trellis.envs.factory import EnvFactory
 from trellis.reverb_tables import ReplayClient
@@ -51,10 +61,15 @@ class LearnerNode:
 
     RPCs: `step(...)` for env workers (see EnvWorker), `stats()` for progress displays,
     `env_steps()`, `get_params()` and `record_evaluation(...)` for the evaluator.
-    The program stops (via `launch.request_stop`) when the env-step budget or the return
-    target is reached; `info` carries the final stats.
 
-    With `checkpoints`, the learner state and the counters are checkpointed every
+    The node wires four pieces: the inference server (fed by `step`), the counter
+    (`builders.counter`, fed by `step` and the learner loop), the stop rule (`builders.stop`)
+    and the learner loop, which only moves batches and params (next batch -> learner update
+    -> params to inference), asking the stop rule and the checkpoint timer between updates.
+    When the rule gives a reason the program stops (`launch.request_stop`) with the final
+    stats as `info`.
+
+    With `checkpoints`, the learner state and the counter are checkpointed every
     `config.checkpoint_every_s` seconds and when the node stops; with its `resume_step`,
     both are restored from that checkpoint first, so counters and returns continue.
 
@@ -73,18 +88,23 @@ class LearnerNode:
         networks = builder.make_networks(spec)
         self._learner = builder.make_learner(networks, spec, learner_key)
         self._checkpointer = None
-        progress: dict[str, Any] = {}
+        progress = None
         if checkpoints is not None:
             self._checkpointer = Checkpointer(checkpoints.directory, config.keep_checkpoints)
             if checkpoints.resume_step is not None:
                 state, progress = self._checkpointer.restore(
                     self._learner.state, checkpoints.resume_step)
                 self._learner.restore(state)
+        self._counter = (Counter(config.return_window) if progress is None
+                         else Counter.restore(progress, config.return_window))
+        self._stop_rule = StopRule(config.total_env_steps, config.stop_at_return,
+                                   config.return_window)
+        self._checkpoint_timer = _Interval(config.checkpoint_every_s)
+        # Pulling metrics syncs with the device: only once per log interval.
+        self._log_timer = _Interval(config.log_every_s, due_now=True)
+        self._rate = StepRate(self._counter.env_steps())
         queue_spec = builder.queue_spec()
-        if replay is None:
-            self._unrolls = LocalUnrollQueue(max_unrolls(queue_spec, config))
-        else:
-            self._unrolls = TableUnrollQueue(ReplayClient(replay))
+        self._unrolls = _unroll_queue(queue_spec, config, replay)
         self._batcher = UnrollBatcher(queue_spec.batch_size)
         self._stop = launch.stop_event()
         self._inference = InferenceServer(
@@ -99,33 +119,23 @@ class LearnerNode:
             stop=self._stop,
             timeout_s=config.inference_timeout_ms / 1000.0,
         )
-        self._lock = threading.Lock()
-        self._returns: collections.deque[float] = collections.deque(maxlen=config.return_window)
-        self._lengths: collections.deque[int] = collections.deque(maxlen=config.return_window)
         self._metrics: dict[str, float] = {}
-        self._start = time.monotonic()
-        # Counters carried over from the checkpoint (all zero on a fresh run).
-        self._env_steps = int(progress.get("env_steps", 0))
-        self._learner_steps = int(progress.get("learner_steps", 0))
-        self._episodes = int(progress.get("episodes", 0))
-        self._returns.extend(progress.get("returns", []))
-        self._lengths.extend(progress.get("lengths", []))
-        self._elapsed_before = float(progress.get("elapsed_s", 0.0))
-        self._resumes = int(progress.get("resumes", -1)) + 1 if progress else 0
-        self._rate = _Rate(self._env_steps)
         self._evaluation: dict[str, Any] | None = None
-        self._last_checkpoint = time.monotonic()
 
     # --- RPCs -------------------------------------------------------------------------
 
     def step(self, worker_id, run_id, obs, reward, terminated, truncated, first, episodes):
-        """One env-worker step: records finished episodes, returns the actions (or None)."""
-        with self._lock:
-            self._env_steps += len(obs)
-            for episode_return, length in episodes:
-                self._returns.append(episode_return)
-                self._lengths.append(length)
-                self._episodes += 1
+        """One env-worker step: counts it and its finished episodes, returns the actions.
+
+        Args:
+          worker_id, run_id, obs, reward, terminated, truncated, first: as for
+            `InferenceServer.step`.
+          episodes: (return, length) of each episode that finished in this step.
+
+        Returns:
+          The actions for the worker's envs, or None when the program is stopping.
+        """
+        self._counter.add_env_steps(len(obs), episodes)
         return self._inference.step(worker_id, run_id, obs, reward, terminated, truncated, first)
 
     def stats(self) -> dict[str, Any]:
@@ -134,23 +144,9 @@ class LearnerNode:
         `elapsed_s` is training time summed over the run's sessions (resumes included);
         `evaluation` is the latest result of `record_evaluation`, or None.
         """
-        with self._lock:
-            returns = list(self._returns)
-            lengths = list(self._lengths)
-            stats = {
-                "env_steps": self._env_steps,
-                "learner_steps": self._learner_steps,
-                "episodes": self._episodes,
-                "mean_return": float(np.mean(returns)) if returns else None,
-                "min_return": float(np.min(returns)) if returns else None,
-                "max_return": float(np.max(returns)) if returns else None,
-                "returns_in_window": len(returns),
-                "mean_episode_length": float(np.mean(lengths)) if lengths else None,
-                "evaluation": self._evaluation,
-            }
+        stats = self._counter.snapshot().stats()
         stats.update(
-            elapsed_s=self._elapsed(),
-            resumes=self._resumes,
+            evaluation=self._evaluation,
             env_steps_per_s=self._rate.update(stats["env_steps"]),
             inference_batches=self._inference.batches,
             slot_resets=self._inference.slot_resets,
@@ -160,8 +156,8 @@ class LearnerNode:
         return stats
 
     def env_steps(self) -> int:
-        with self._lock:
-            return self._env_steps
+        """Env steps counted so far, over all sessions of the run."""
+        return self._counter.env_steps()
 
     def get_params(self) -> Any:
         """The current params as host (numpy) arrays, e.g. for an evaluator in another process."""
@@ -169,75 +165,55 @@ class LearnerNode:
 
     def record_evaluation(self, result: dict[str, Any]) -> None:
         """Keeps an evaluator's latest result; `stats()` reports it."""
-        with self._lock:
-            self._evaluation = dict(result)
+        # Rebinding one attribute is atomic: `stats()` sees the old result or the new one.
+        self._evaluation = dict(result)
 
     # --- Learner loop -----------------------------------------------------------------
 
     def run(self) -> None:
-        self._start = time.monotonic()
-        self._last_checkpoint = self._start
+        """Trains until the stop rule or the program says stop; checkpoints at the end."""
+        self._counter.start_session()
+        self._checkpoint_timer.restart()
         self._inference.start()
-        last_log = 0.0
-        metrics = None
         try:
-            while not self._stop.is_set():
-                reason = self._stop_reason()
-                if reason:
-                    self._save_checkpoint()  # Before the stop request: its info matches it.
-                    launch.request_stop(reason, info=self.stats())
-                    return
-                if (self._checkpointer is not None and time.monotonic() - self._last_checkpoint
-                        >= self._config.checkpoint_every_s):
-                    self._save_checkpoint()
-                batch = self._next_batch()
-                if batch is None or not self._config.learn:
-                    continue
-                metrics = self._learner.step(batch)
-                self._inference.set_params(self._learner.params)
-                with self._lock:
-                    self._learner_steps += 1
-                if time.monotonic() - last_log > self._config.log_every_s:
-                    # Pulling metrics syncs with the device: only once per log interval.
-                    self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    last_log = time.monotonic()
-            self._save_checkpoint()  # Stopped from outside (Ctrl-C, another node's stop).
+            reason = self._train()
+            # Also when stopped from outside (Ctrl-C, another node's stop); and before the
+            # stop request, so that its info matches the last checkpoint.
+            self._save_checkpoint()
+            if reason is not None:
+                launch.request_stop(reason, info=self.stats())
         finally:
             self._inference.join(timeout=5.0)
             if self._checkpointer is not None:
                 self._checkpointer.close()
 
-    def _elapsed(self) -> float:
-        return self._elapsed_before + time.monotonic() - self._start
+    def _train(self) -> str | None:
+        """Learner updates until the stop rule gives its reason, or None if stopped outside."""
+        while not self._stop.is_set():
+            reason = self._stop_rule(self._counter.snapshot())
+            if reason is not None:
+                return reason
+            if self._checkpoint_timer.due():
+                self._save_checkpoint()
+            batch = self._next_batch()
+            if batch is None or not self._config.learn:
+                continue
+            metrics = self._learner.step(batch)
+            self._inference.set_params(self._learner.params)
+            self._counter.add_learner_step()
+            if self._log_timer.due():
+                self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return None
 
     def _save_checkpoint(self) -> None:
-        """Checkpoints the learner state with the counters that go with it (host side only)."""
+        """Checkpoints the learner state with the counter that goes with it (host side only)."""
         if self._checkpointer is None:
             return
-        # The learner state only changes on this thread, so it matches the counters taken here.
+        # State and learner steps only change on this thread, so the two taken here match.
         state = self._learner.state
-        with self._lock:
-            progress = {
-                "env_steps": self._env_steps,
-                "learner_steps": self._learner_steps,
-                "episodes": self._episodes,
-                "returns": [float(r) for r in self._returns],
-                "lengths": [int(n) for n in self._lengths],
-                "elapsed_s": self._elapsed(),
-                "resumes": self._resumes,
-            }
+        progress = self._counter.snapshot().progress()
         self._checkpointer.save(progress["env_steps"], state, progress)
-        self._last_checkpoint = time.monotonic()
-
-    def _stop_reason(self) -> str | None:
-        with self._lock:
-            if self._env_steps >= self._config.total_env_steps:
-                return "budget"
-            target = self._config.stop_at_return
-            full = len(self._returns) == self._config.return_window
-            if target is not None and full and np.mean(self._returns) >= target:
-                return "return_target"
-        return None
+        self._checkpoint_timer.restart()
 
     def _put_unroll(self, chunk: dict[str, np.ndarray]) -> None:
         # Blocks while the learner is behind (bounded policy lag), but never past a stop.
@@ -262,17 +238,32 @@ def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
     return queue_spec.max_batches * chunks_per_batch
 
 
-class _Rate:
-    """Env steps per second over the interval since the previous call."""
+def _unroll_queue(queue_spec: QueueSpec, config: ExperimentConfig,
+                  replay: Any) -> LocalUnrollQueue | TableUnrollQueue:
+    """The queue from inference to learner: in-process, or the replay node's table."""
+    if replay is None:
+        return LocalUnrollQueue(max_unrolls(queue_spec, config))
+    return TableUnrollQueue(ReplayClient(replay))
 
-    def __init__(self, steps: int = 0):
-        self._last = (time.monotonic(), steps)
-        self._value = 0.0
 
-    def update(self, steps: int) -> float:
-        now = time.monotonic()
-        t0, s0 = self._last
-        if now - t0 >= 0.5:
-            self._value = (steps - s0) / (now - t0)
-            self._last = (now, steps)
-        return self._value
+class _Interval:
+    """A timer: `due()` is True at most once per `period_s` seconds, counted from the last True.
+
+    Args:
+      period_s: the period.
+      due_now: whether the first `due()` is True at once (else after `period_s`).
+    """
+
+    def __init__(self, period_s: float, due_now: bool = False):
+        self._period_s = period_s
+        self._last = -math.inf if due_now else time.monotonic()
+
+    def restart(self) -> None:
+        """Counts the period from now."""
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        if time.monotonic() - self._last < self._period_s:
+            return False
+        self.restart()
+        return True
