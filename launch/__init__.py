@@ -1,7 +1,9 @@
-"""Trellis launch: a Launchpad-style program graph on threads or processes.
+"""Trellis launch: the runtime (a Launchpad-style program graph) and the command lines.
 
-Platforms: `local_mt` (one thread per node), `local_mp` (one process per node) and `ray` (one
-Ray actor per node, locally or on a cluster; Ray is imported only then). A group may let its
+The runtime, the bottom layer of Trellis (docs/architecture.md), is what this package exports:
+`Program`, nodes, handles, RPC and the platforms `local_mt` (one thread per node), `local_mp`
+(one process per node) and `ray` (one Ray actor per node, locally or on a cluster; Ray is
+imported only then). It knows nothing of JAX or RL (`make lint` checks it). A group may let its
 nodes be restarted after they fail: `program.group("actor", max_restarts=3)`.
 
     program = launch.Program("impala")
@@ -12,7 +14,9 @@ nodes be restarted after they fail: `program.group("actor", max_restarts=3)`.
             program.add_node(launch.CourierNode(Actor, learner, i))
     result = launch.launch(program, platform="local_mp")
 
-This package never imports JAX, and importing it has no side effects.
+The command lines sit at the top of the layers, beside it: `run.py`, `evaluate.py` and
+`plot.py` (`python launch/run.py` from a clone, `python -m trellis.launch.run` after an
+install). Importing this package loads only the runtime and has no side effects.
 """
 
 from trellis.launch.launcher import PLATFORMS, LaunchResult, RunningProgram, launch
