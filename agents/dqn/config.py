@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.config import require
+from trellis.builders.config import ReplayConfig, setting
 
 
 @dataclasses.dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(ReplayConfig):
     """Hyper-parameters of DQN with double Q-learning, a dueling head, n-step returns and
     prioritized replay (Mnih et al., 2015; van Hasselt et al., 2016; Wang et al., 2016;
     Schaul et al., 2016).
@@ -16,71 +16,32 @@ class DQNConfig:
     Defaults learn CartPole-v1 on a 2-core machine with run.py's 2 x 32 envs.
     """
 
-    # Data from inference: each learner step receives `batch_size` unrolls of
-    # `unroll_length` steps, turned into n-step transitions and inserted into replay.
     unroll_length: int = 4
     batch_size: int = 64
-    max_queue_size: int = 2  # Unroll batches in flight before inference waits.
-
-    # Returns.
-    discount: float = 0.99
-    n_step: int = 3
+    hidden_sizes: tuple[int, ...] = (128, 128)  # MLP torso (conv for pixels), dueling head.
+    max_grad_norm: float = 10.0
 
     # Prioritized replay: P(i) ~ p_i^priority_exponent; importance weights
     # (N P(i))^-importance_exponent, normalised by the batch's largest.
-    replay_size: int = 100_000
-    min_replay_size: int = 2_000  # No updates before the table holds this many transitions.
-    priority_exponent: float = 0.6
-    importance_exponent: float = 0.4
-    priority_epsilon: float = 1e-3  # Added to |TD error| so no transition starves.
+    priority_exponent: float = setting(0.6, "prioritized replay: priority exponent", ge=0)
+    importance_exponent: float = setting(
+        0.4, "prioritized replay: importance-weight exponent", ge=0)
+    priority_epsilon: float = setting(1e-3, "added to |TD error| so no transition starves", gt=0)
 
-    # Optimisation: per learner step, `updates_per_step` SGD steps on prioritized samples of
-    # `sample_batch_size` transitions; the target network copies the online one every
-    # `target_update_period` SGD steps.
-    updates_per_step: int = 32
-    sample_batch_size: int = 128
-    target_update_period: int = 100
-    learning_rate: float = 1e-3
-    max_grad_norm: float = 10.0
-    adam_eps: float = 1e-8
-    huber_delta: float = 1.0
-
-    # Network: MLP torso (conv for pixels) and a dueling head.
-    hidden_sizes: tuple[int, ...] = (128, 128)
+    target_update_period: int = setting(
+        100, "SGD steps between copies of the online network to the target", ge=1)
+    huber_delta: float = setting(1.0, "Huber loss threshold on the TD error", gt=0)
 
     # Exploration (epsilon-greedy). Env slot k acts with epsilon
     #   max(ladder_k, linear decay from 1 to 0 over `epsilon_decay_updates` SGD steps),
     #   ladder_k = epsilon ** (1 + epsilon_alpha * i / (num_epsilons - 1)), i = k mod num_epsilons
     # (ladder_k = epsilon when num_epsilons == 1): one decaying epsilon for DQN, the fixed
     # per-actor epsilons of Ape-X (Horgan et al., 2018) with num_epsilons > 1.
-    epsilon: float = 0.01
-    num_epsilons: int = 1
-    epsilon_alpha: float = 7.0
-    epsilon_decay_updates: int = 4_000  # 0: no decay.
-
-    def __post_init__(self):
-        def check(ok: bool, message: str) -> None:
-            require(ok, f"DQNConfig: {message}")
-
-        for name in ("unroll_length", "batch_size", "max_queue_size", "n_step", "replay_size",
-                     "min_replay_size", "updates_per_step", "sample_batch_size",
-                     "target_update_period", "num_epsilons"):
-            value = getattr(self, name)
-            check(value >= 1, f"{name} must be >= 1, got {value}")
-        check(self.min_replay_size <= self.replay_size,
-              f"min_replay_size={self.min_replay_size} must be <= replay_size="
-              f"{self.replay_size}")
-        check(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
-        for name in ("priority_exponent", "importance_exponent", "epsilon_alpha",
-                     "epsilon_decay_updates", "max_grad_norm"):
-            value = getattr(self, name)
-            check(value >= 0, f"{name} must be >= 0, got {value}")
-        for name in ("priority_epsilon", "learning_rate", "adam_eps", "huber_delta"):
-            value = getattr(self, name)
-            check(value > 0, f"{name} must be > 0, got {value}")
-        check(0.0 <= self.epsilon <= 1.0, f"epsilon must be in [0, 1], got {self.epsilon}")
-        check(len(self.hidden_sizes) >= 1 and all(h > 0 for h in self.hidden_sizes),
-              f"hidden_sizes must be positive, got {self.hidden_sizes}")
+    epsilon: float = setting(0.01, "exploration epsilon (the base of the ladder)", ge=0, le=1)
+    num_epsilons: int = setting(1, "classes of env slots with their own epsilon", ge=1)
+    epsilon_alpha: float = setting(7.0, "exponent spread of the epsilon ladder", ge=0)
+    epsilon_decay_updates: int = setting(
+        4_000, "SGD steps of the decay from 1 to the ladder's epsilons; 0: no decay", ge=0)
 
     @property
     def epsilons(self) -> tuple[float, ...]:
