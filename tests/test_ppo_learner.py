@@ -129,7 +129,7 @@ def test_gaussian_policy_learns_a_continuous_bandit():
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(unroll_length=5, batch_size=3, num_minibatches=4),
-     "num_minibatches=4 must divide the unroll_length * batch_size = 15 transitions"),
+     "num_minibatches must be a divisor of unroll_length * batch_size = 15"),
     (dict(value_clip_epsilon=0.0), "value_clip_epsilon must be > 0 or None"),
     (dict(gae_lambda=1.5), "gae_lambda must be in [0, 1], got 1.5"),
 ])
