@@ -23,7 +23,7 @@ from trellis import launch
 from trellis.builders.base import Builder, QueueSpec
 from trellis.builders.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.config import ExperimentConfig
-from trellis.builders.counter import Counter, StepRate
+from trellis.builders.counter import Counter, CounterSnapshot, StepRate
 from trellis.builders.inference import InferenceServer, step_specs
 from trellis.builders.stop import StopRule
 from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
@@ -144,7 +144,10 @@ class LearnerNode:
         `elapsed_s` is training time summed over the run's sessions (resumes included);
         `evaluation` is the latest result of `record_evaluation`, or None.
         """
-        stats = self._counter.snapshot().stats()
+        return self._stats(self._counter.snapshot())
+
+    def _stats(self, snapshot: CounterSnapshot) -> dict[str, Any]:
+        stats = snapshot.stats()
         stats.update(
             evaluation=self._evaluation,
             env_steps_per_s=self._rate.update(stats["env_steps"]),
@@ -177,11 +180,12 @@ class LearnerNode:
         self._inference.start()
         try:
             reason = self._train()
-            # Also when stopped from outside (Ctrl-C, another node's stop); and before the
-            # stop request, so that its info matches the last checkpoint.
-            self._save_checkpoint()
+            # Also when stopped from outside (Ctrl-C, another node's stop). One snapshot for
+            # both, so the run's final stats are the counts of its last checkpoint.
+            final = self._counter.snapshot()
+            self._save_checkpoint(final)
             if reason is not None:
-                launch.request_stop(reason, info=self.stats())
+                launch.request_stop(reason, info=self._stats(final))
         finally:
             self._inference.join(timeout=5.0)
             if self._checkpointer is not None:
@@ -194,7 +198,7 @@ class LearnerNode:
             if reason is not None:
                 return reason
             if self._checkpoint_timer.due():
-                self._save_checkpoint()
+                self._save_checkpoint(self._counter.snapshot())
             batch = self._next_batch()
             if batch is None or not self._config.learn:
                 continue
@@ -205,13 +209,16 @@ class LearnerNode:
                 self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         return None
 
-    def _save_checkpoint(self) -> None:
-        """Checkpoints the learner state with the counter that goes with it (host side only)."""
+    def _save_checkpoint(self, snapshot: CounterSnapshot) -> None:
+        """Checkpoints the learner state with the counter's `snapshot` (host side only).
+
+        Call on the learner thread: the state and the learner-step count only change there,
+        so a snapshot taken on it matches the state.
+        """
         if self._checkpointer is None:
             return
-        # State and learner steps only change on this thread, so the two taken here match.
         state = self._learner.state
-        progress = self._counter.snapshot().progress()
+        progress = snapshot.progress()
         self._checkpointer.save(progress["env_steps"], state, progress)
         self._checkpoint_timer.restart()
 
