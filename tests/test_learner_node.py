@@ -1,4 +1,6 @@
-"""The learner node end to end on threads: stop by budget, its stats, its last checkpoint."""
+"""The learner node end to end on threads: stop by budget, its stats, checkpoint and resume."""
+
+import dataclasses
 
 from trellis import launch
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
@@ -17,11 +19,9 @@ PROGRESS_KEYS = {"env_steps", "learner_steps", "episodes", "returns", "lengths",
                  "resumes"}
 
 
-def test_budget_stop_reports_every_stat_and_checkpoints_the_same_counts(tmp_path):
-    config = ExperimentConfig(num_actors=1, envs_per_actor=8, total_env_steps=3_000,
-                              return_window=5, log_every_s=0.1, eval_every=0)
+def _run(config, checkpoints):
+    """Runs IMPALA on CartPole on threads until it stops by itself; its LaunchResult."""
     builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=10))
-    checkpoints = Checkpoints(checkpoint_dir(str(tmp_path)))
     program = make_program(builder, EnvFactory("CartPole-v1"), config, name="learner_node",
                            checkpoints=checkpoints)
     running = launch.launch(program, platform="local_mt", block=False)
@@ -30,6 +30,13 @@ def test_budget_stop_reports_every_stat_and_checkpoints_the_same_counts(tmp_path
     finally:
         running.stop()
     assert result is not None, "the run did not stop by itself"
+    return result
+
+
+def test_budget_stop_reports_every_stat_and_checkpoints_the_same_counts(tmp_path):
+    config = ExperimentConfig(num_actors=1, envs_per_actor=8, total_env_steps=3_000,
+                              return_window=5, log_every_s=0.1, eval_every=0)
+    result = _run(config, Checkpoints(checkpoint_dir(str(tmp_path))))
 
     assert (result.stopped_by, result.reason) == ("requested", "budget"), result
     stats = result.info
@@ -45,3 +52,12 @@ def test_budget_stop_reports_every_stat_and_checkpoints_the_same_counts(tmp_path
     assert progress["learner_steps"] == stats["learner_steps"]
     assert progress["episodes"] == stats["episodes"]
     assert len(progress["returns"]) == stats["returns_in_window"]
+
+    # Resumed with a larger budget, the counters go on from the checkpoint.
+    more = dataclasses.replace(config, total_env_steps=step + 2_000)
+    resumed = _run(more, Checkpoints(checkpoint_dir(str(tmp_path)), resume_step=step)).info
+    assert resumed["resumes"] == 1
+    assert resumed["env_steps"] >= step + 2_000
+    assert resumed["learner_steps"] > progress["learner_steps"]
+    assert resumed["episodes"] > progress["episodes"]
+    assert resumed["elapsed_s"] > progress["elapsed_s"]
