@@ -1,14 +1,18 @@
-"""Pieces every on-accelerator agent shares: torsos, optimizer, training state, and the
-data-parallel host shell that places a pure `update(state, batch)` on a device mesh.
+"""Pieces every on-accelerator agent shares: torsos, the optimizer, the training state, the
+data-parallel host shell that places a pure `update(state, batch)` on a device mesh, its
+replay variant for off-policy agents, and the base of every builder.
 
-Agents import from here instead of from each other, so no agent depends on another.
+Agents import from here instead of from each other, so no agent depends on another. A new
+agent is its networks, losses and update, a learner made of `DataParallelLearner` (or
+`ReplayLearner`) and a short `AgentBuilder` subclass (notebooks/custom_agent.ipynb).
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import flax.linen as nn
 import flax.struct
@@ -18,6 +22,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from trellis import reverb_tables as rt
+from trellis.agents.replay import TransitionReplay
+from trellis.builders.base import ArraySpec, Learner, Policy, QueueSpec
 from trellis.envs.specs import EnvSpec
 
 # --- Networks -------------------------------------------------------------------------
@@ -76,13 +83,19 @@ def diagonal_gaussian_log_prob(mean: jax.Array, log_std: jax.Array, x: jax.Array
 # --- Optimisation ---------------------------------------------------------------------
 
 
-def make_optimizer(
-    learning_rate: float, max_grad_norm: float, adam_eps: float
-) -> optax.GradientTransformation:
-    """Adam after global-norm gradient clipping."""
+class OptimizerConfig(Protocol):
+    """The optimizer's fields of an agent config."""
+
+    learning_rate: float
+    max_grad_norm: float
+    adam_eps: float
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    """Adam after global-norm gradient clipping, as `config` sets them."""
     return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.adam(learning_rate, eps=adam_eps),
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adam(config.learning_rate, eps=config.adam_eps),
     )
 
 
@@ -181,3 +194,130 @@ class DataParallelLearner:
         if expected != got:
             raise ValueError(f"cannot restore a learner state shaped {got}; expected {expected}")
         self._state = jax.device_put(state, self._replicated)
+
+
+class ReplayConfig(Protocol):
+    """The replay fields of an off-policy agent config (see `ReplayLearner`)."""
+
+    replay_size: int
+    min_replay_size: int
+    n_step: int
+    discount: float
+    updates_per_step: int
+    sample_batch_size: int
+
+
+class ReplayLearner(DataParallelLearner):
+    """Host shell of an off-policy learner: unrolls in, replay, jitted SGD steps, priorities out.
+
+    Each `step` turns the unrolls from inference into n-step transitions in an in-process
+    table (`agents.replay.TransitionReplay`) and, once it holds `min_replay_size`, samples
+    `updates_per_step` minibatches of `sample_batch_size` and runs the update on them in one
+    jitted call. When the update returns `priorities` [U, S] they are written back, and new
+    transitions enter at the largest priority so far, so each is sampled at least once soon
+    (Schaul et al., 2016); a uniform selector ignores priorities. The table is not
+    checkpointed: a resumed run refills it before learning again.
+
+    Args:
+      init: `init(key) -> state`, as for `DataParallelLearner`.
+      make_update: `make_update(mesh) -> update(state, minibatches) -> (state, metrics)`, the
+        minibatches as `TransitionReplay.sample` gives them, each leaf [U, S, ...].
+      key: split into the learner's key and the table's sampling seed.
+      config: the agent's replay settings.
+      selector: how the table samples, e.g. `rt.Prioritized(0.6)` or `rt.Uniform()`.
+      obs_spec, action_spec: (shape, dtype) of one observation and one action.
+      devices: the learner devices.
+    """
+
+    def __init__(
+        self,
+        init: Callable[[jax.Array], Any],
+        make_update: Callable[[Mesh], Update],
+        key: jax.Array,
+        config: ReplayConfig,
+        selector: rt.Selector,
+        obs_spec: tuple[tuple[int, ...], str],
+        action_spec: tuple[tuple[int, ...], str],
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        self._config = config
+        learner_key, table_key = jax.random.split(key)
+        super().__init__(init=init, make_update=make_update, key=learner_key,
+                         batch_size=config.sample_batch_size, devices=devices)
+        self.replay = TransitionReplay(
+            selector, config.replay_size, obs_spec, action_spec, config.n_step, config.discount,
+            seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))
+        self._max_priority = 1.0
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
+        """Inserts the unrolls' transitions, then learns once the table is large enough.
+
+        Args:
+          batch: unrolls {field: [T + 1, B, ...]} as recorded by inference.
+
+        Returns:
+          The update's metrics (device scalars) and `replay_size`; only `replay_size`
+          before learning starts.
+        """
+        c = self._config
+        size = self.replay.add(batch, self._max_priority)
+        if size < c.min_replay_size:
+            return {"replay_size": size}
+        minibatches, keys = self.replay.sample(c.updates_per_step, c.sample_batch_size)
+        metrics = dict(super().step(minibatches))
+        if "priorities" in metrics:
+            priorities = np.asarray(metrics.pop("priorities"), np.float64).reshape(-1)
+            # An item drawn twice keeps its latest priority.
+            self.replay.table.update_priorities(dict(zip(keys.tolist(), priorities.tolist(),
+                                                         strict=True)))
+            self._max_priority = max(self._max_priority, float(priorities.max()))
+        metrics["replay_size"] = size
+        return metrics
+
+
+# --- Builder --------------------------------------------------------------------------
+
+
+class QueueConfig(Protocol):
+    """The fields of an agent config that say how unrolls reach its learner."""
+
+    unroll_length: int
+    batch_size: int
+    max_queue_size: int
+
+
+class AgentBuilder(abc.ABC):
+    """What every builder shares (the contract is `builders.base.Builder`).
+
+    A subclass writes `make_networks`, `make_policy` and `make_learner`, and `extras_spec`
+    when its policy records something beside the action. Acting is SEED-style: the central
+    inference server runs the policy and records the unrolls.
+
+    Args:
+      config: the agent's config; the queue spec comes from its `unroll_length`,
+        `batch_size` and `max_queue_size`.
+    """
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    def queue_spec(self) -> QueueSpec:
+        c: QueueConfig = self.config
+        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+
+    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
+        """What inference records per step beside the action: nothing, unless overridden."""
+        del spec
+        return {}
+
+    @abc.abstractmethod
+    def make_networks(self, spec: EnvSpec) -> Any:
+        """The agent's networks for an env with `spec`."""
+
+    @abc.abstractmethod
+    def make_policy(self, networks: Any, evaluation: bool = False) -> Policy:
+        """`policy(params, key, obs[N, ...]) -> (actions[N, ...], extras)`."""
+
+    @abc.abstractmethod
+    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array) -> Learner:
+        """The learner, owning the training state, seeded from `key`."""

@@ -1,7 +1,8 @@
 """Transition replay for off-policy agents: unrolls from central inference become n-step
 transitions in an in-process table (reverb_tables, native backend) that the learner samples.
 
-DQN (prioritized) and SAC (uniform) both learn from it; the table's selector is theirs to pick.
+DQN (prioritized) and SAC (uniform) both learn from it through `agents.common.ReplayLearner`;
+the table's selector is theirs to pick.
 """
 
 from __future__ import annotations

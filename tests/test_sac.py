@@ -116,8 +116,7 @@ def pendulum_unrolls(rng, t1=9, b=16):
 def test_target_critics_follow_by_polyak_averaging():
     builder, spec, networks = pendulum()
     config = SACConfig(tau=0.1)
-    optimizer = common.make_optimizer(config.learning_rate, config.max_grad_norm,
-                                      config.adam_eps)
+    optimizer = common.make_optimizer(config)
     state = init_state(networks, optimizer, 1.0, jax.random.PRNGKey(0))
     # Make the target differ from the online critics so the average is visible.
     state = state.replace(target_critic_params=jax.tree.map(lambda p: p + 1.0,

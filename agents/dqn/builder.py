@@ -5,33 +5,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from trellis.agents.common import AgentBuilder
 from trellis.agents.dqn.config import DQNConfig
 from trellis.agents.dqn.learner import Learner
 from trellis.agents.dqn.networks import DQNNetworks, make_networks
-from trellis.builders.base import ArraySpec, QueueSpec
 from trellis.envs.specs import EnvSpec
 
 
-class DQNBuilder:
+class DQNBuilder(AgentBuilder):
     """Builder for DQN and Ape-X; acting is SEED-style through the central inference server.
 
-    Inference records plain unrolls; the learner turns them into n-step transitions in its
-    prioritized table (see agents/dqn/learner.py), so builders/ needs nothing DQN-specific.
+    Inference records plain unrolls (no extras: Q-learning needs only what was seen and
+    done); the learner turns them into n-step transitions in its prioritized table (see
+    agents/dqn/learner.py), so builders/ needs nothing DQN-specific.
     """
 
-    def __init__(self, config: DQNConfig):
-        self.config = config
-
-    def queue_spec(self) -> QueueSpec:
-        c = self.config
-        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+    config: DQNConfig
 
     def make_networks(self, spec: EnvSpec) -> DQNNetworks:
         return make_networks(spec, self.config.hidden_sizes)
-
-    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
-        del spec
-        return {}  # Q-learning needs only what was seen and done.
 
     def make_policy(self, networks: DQNNetworks, evaluation: bool = False):
         """`policy(params, key, obs[N, ...]) -> (actions[N], {})`: greedy when evaluating,

@@ -1,8 +1,8 @@
 """DQN learner: unrolls -> n-step transitions -> prioritized replay -> jitted double-Q updates.
 
 The learner node hands every learner a batch of unrolls [T + 1, B] from central inference.
-DQN is off-policy, so its host shell turns them into n-step transitions, inserts them into
-an in-process prioritized table (agents/replay.py) with the largest priority
+DQN is off-policy, so its host shell (agents.common.ReplayLearner) turns them into n-step
+transitions, inserts them into an in-process prioritized table with the largest priority
 seen so far, samples `updates_per_step` batches from it, runs that many SGD steps in one
 jitted call, and writes the new priorities back.
 """
@@ -10,22 +10,19 @@ jitted call, and writes the new priorities back.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from trellis import reverb_tables as rt
-from trellis.agents import common
-from trellis.agents.common import Batch, DataParallelLearner
+from trellis.agents.common import Batch, ReplayLearner, make_optimizer
 from trellis.agents.dqn.config import DQNConfig
 from trellis.agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
 from trellis.agents.dqn.networks import DQNNetworks
-from trellis.agents.replay import TransitionReplay
 
 
 @flax.struct.dataclass
@@ -44,10 +41,6 @@ def init_state(networks: DQNNetworks, optimizer: optax.GradientTransformation,
     params = networks.init(init_key)
     return DQNState(params, params, optimizer.init(params), state_key,
                     jnp.zeros((), jnp.int32))
-
-
-def make_optimizer(config: DQNConfig) -> optax.GradientTransformation:
-    return common.make_optimizer(config.learning_rate, config.max_grad_norm, config.adam_eps)
 
 
 def make_update(
@@ -93,13 +86,12 @@ def make_update(
     return update
 
 
-class Learner(DataParallelLearner):
-    """Host shell: replay in, `updates_per_step` jitted SGD steps, priorities out.
+class Learner(ReplayLearner):
+    """Host shell: prioritized replay in, `updates_per_step` jitted SGD steps, priorities out
+    (see agents.common.ReplayLearner).
 
     `params` is what the acting policy reads: the online params and the SGD step count
     (for the epsilon decay), so the policy needs nothing beyond the usual params argument.
-    The replay table lives in this process and is not checkpointed: a resumed run refills
-    it before learning again.
     """
 
     def __init__(
@@ -110,45 +102,17 @@ class Learner(DataParallelLearner):
         obs_spec: tuple[tuple[int, ...], str],
         devices: Sequence[jax.Device] | None = None,
     ):
-        self._config = config
-        learner_key, table_key = jax.random.split(key)
         optimizer = make_optimizer(config)
         super().__init__(
             init=functools.partial(init_state, networks, optimizer),
             make_update=lambda mesh: make_update(networks, optimizer, config),
-            key=learner_key,
-            batch_size=config.sample_batch_size,
+            key=key,
+            config=config,
+            selector=rt.Prioritized(config.priority_exponent),
+            obs_spec=obs_spec,
+            action_spec=((), "int32"),
             devices=devices,
         )
-        self.replay = TransitionReplay(
-            rt.Prioritized(config.priority_exponent), config.replay_size, obs_spec,
-            ((), "int32"), config.n_step, config.discount,
-            seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))
-        # New transitions get the largest priority so far: each is sampled at least once soon.
-        self._max_priority = 1.0
-
-    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
-        """Inserts the unrolls' transitions, then learns once the table is large enough.
-
-        Args:
-          batch: unrolls {field: [T + 1, B, ...]} as recorded by inference.
-
-        Returns:
-          Metrics (device scalars); only `replay_size` before learning starts.
-        """
-        c = self._config
-        size = self.replay.add(batch, self._max_priority)
-        if size < c.min_replay_size:
-            return {"replay_size": size}
-        minibatches, keys = self.replay.sample(c.updates_per_step, c.sample_batch_size)
-        metrics = dict(super().step(minibatches))
-        priorities = np.asarray(metrics.pop("priorities"), np.float64).reshape(-1)
-        # An item drawn twice keeps its latest TD error.
-        self.replay.table.update_priorities(dict(zip(keys.tolist(), priorities.tolist(),
-                                                     strict=True)))
-        self._max_priority = max(self._max_priority, float(priorities.max()))
-        metrics["replay_size"] = size
-        return metrics
 
     @property
     def params(self):

@@ -5,22 +5,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from trellis.agents.common import AgentBuilder
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.learner import Learner
 from trellis.agents.impala.networks import ImpalaNetworks, make_networks
-from trellis.builders.base import ArraySpec, QueueSpec
+from trellis.builders.base import ArraySpec
 from trellis.envs.specs import EnvSpec
 
 
-class ImpalaBuilder:
+class ImpalaBuilder(AgentBuilder):
     """Builder for IMPALA; acting is SEED-style through the central inference server."""
 
-    def __init__(self, config: ImpalaConfig):
-        self.config = config
-
-    def queue_spec(self) -> QueueSpec:
-        c = self.config
-        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+    config: ImpalaConfig
 
     def make_networks(self, spec: EnvSpec) -> ImpalaNetworks:
         return make_networks(spec, self.config.hidden_sizes)

@@ -9,15 +9,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trellis.agents import common
-from trellis.agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
+from trellis.agents.common import (
+    Batch,
+    DataParallelLearner,
+    TrainingState,
+    init_training_state,
+    make_optimizer,
+)
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.losses import impala_loss
 from trellis.agents.impala.networks import ImpalaNetworks
-
-
-def make_optimizer(config: ImpalaConfig) -> optax.GradientTransformation:
-    return common.make_optimizer(config.learning_rate, config.max_grad_norm, config.adam_eps)
 
 
 def make_update(

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import jax
 
+from trellis.agents.common import AgentBuilder
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.learner import Learner
 from trellis.agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
-from trellis.builders.base import ArraySpec, QueueSpec
+from trellis.builders.base import ArraySpec
 from trellis.envs.specs import EnvSpec
 
 
-class PPOBuilder:
+class PPOBuilder(AgentBuilder):
     """Builder for PPO; acting is SEED-style through the central inference server.
 
     PPO is on-policy: the learner's bounded queue (`max_queue_size` batches) keeps the data
@@ -19,12 +20,7 @@ class PPOBuilder:
     log-probability keeps what lag there is harmless.
     """
 
-    def __init__(self, config: PPOConfig):
-        self.config = config
-
-    def queue_spec(self) -> QueueSpec:
-        c = self.config
-        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+    config: PPOConfig
 
     def make_networks(self, spec: EnvSpec) -> PPONetworks:
         return make_networks(spec, self.config.hidden_sizes)

@@ -11,8 +11,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trellis.agents import common
-from trellis.agents.common import Batch, DataParallelLearner, TrainingState, init_training_state
+from trellis.agents.common import (
+    Batch,
+    DataParallelLearner,
+    TrainingState,
+    init_training_state,
+    make_optimizer,
+)
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.losses import (
     generalized_advantage_estimation,
@@ -20,10 +25,6 @@ from trellis.agents.ppo.losses import (
     transition_discounts,
 )
 from trellis.agents.ppo.networks import PPONetworks
-
-
-def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
-    return common.make_optimizer(config.learning_rate, config.max_grad_norm, config.adam_eps)
 
 
 def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch) -> dict:

@@ -4,34 +4,26 @@ from __future__ import annotations
 
 import jax
 
+from trellis.agents.common import AgentBuilder
 from trellis.agents.sac.config import SACConfig
 from trellis.agents.sac.learner import Learner
 from trellis.agents.sac.networks import SACNetworks, make_networks
-from trellis.builders.base import ArraySpec, QueueSpec
 from trellis.envs.specs import EnvSpec
 
 
-class SACBuilder:
+class SACBuilder(AgentBuilder):
     """Builder for SAC; acting is SEED-style through the central inference server.
 
-    Inference records plain unrolls; the learner turns them into transitions in its uniform
-    table (see agents/sac/learner.py), so builders/ needs nothing SAC-specific.
+    Inference records plain unrolls (no extras: the critics learn from the squashed action the
+    env received); the learner turns them into transitions in its uniform table (see
+    agents/sac/learner.py), so builders/ needs nothing SAC-specific.
     """
 
-    def __init__(self, config: SACConfig):
-        self.config = config
-
-    def queue_spec(self) -> QueueSpec:
-        c = self.config
-        return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
+    config: SACConfig
 
     def make_networks(self, spec: EnvSpec) -> SACNetworks:
         c = self.config
         return make_networks(spec, c.hidden_sizes, c.log_std_min, c.log_std_max)
-
-    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
-        del spec
-        return {}  # The critics learn from the squashed action the env received.
 
     def make_policy(self, networks: SACNetworks, evaluation: bool = False):
         """`policy(params, key, obs[N, D_obs]) -> (actions[N, D], {})`: a sample of the

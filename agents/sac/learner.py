@@ -1,28 +1,26 @@
 """SAC learner: unrolls -> transitions -> uniform replay -> jitted soft actor-critic updates.
 
 The learner node hands every learner a batch of unrolls [T + 1, B] from central inference.
-SAC is off-policy, so its host shell inserts their n-step transitions into an in-process
-uniform table (agents/replay.py, shared with DQN), samples `updates_per_step` minibatches and
-runs that many SGD steps in one jitted call. Each SGD step updates the twin critics, then the
-policy, then the temperature, then moves the target critics towards the online ones.
+SAC is off-policy, so its host shell (agents.common.ReplayLearner, shared with DQN) inserts
+their n-step transitions into an in-process uniform table, samples `updates_per_step`
+minibatches and runs that many SGD steps in one jitted call. Each SGD step updates the twin
+critics, then the policy, then the temperature, then moves the target critics towards the
+online ones.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from trellis import reverb_tables as rt
-from trellis.agents import common
-from trellis.agents.common import Batch, DataParallelLearner
-from trellis.agents.replay import TransitionReplay
+from trellis.agents.common import Batch, ReplayLearner, make_optimizer
 from trellis.agents.sac import losses
 from trellis.agents.sac.config import SACConfig
 from trellis.agents.sac.networks import SACNetworks
@@ -127,12 +125,11 @@ def make_update(
     return update
 
 
-class Learner(DataParallelLearner):
-    """Host shell: replay in, `updates_per_step` jitted SGD steps out.
+class Learner(ReplayLearner):
+    """Host shell: uniform replay in, `updates_per_step` jitted SGD steps out (see
+    agents.common.ReplayLearner).
 
-    `params` is what the acting policy reads: `{"policy": policy params}`. The replay table
-    lives in this process and is not checkpointed: a resumed run refills it before learning
-    again.
+    `params` is what the acting policy reads: `{"policy": policy params}`.
     """
 
     def __init__(
@@ -143,32 +140,17 @@ class Learner(DataParallelLearner):
         obs_spec: tuple[tuple[int, ...], str],
         devices: Sequence[jax.Device] | None = None,
     ):
-        self._config = config
-        learner_key, table_key = jax.random.split(key)
-        optimizer = common.make_optimizer(config.learning_rate, config.max_grad_norm,
-                                          config.adam_eps)
+        optimizer = make_optimizer(config)
         super().__init__(
             init=functools.partial(init_state, networks, optimizer, config.initial_temperature),
             make_update=lambda mesh: make_update(networks, optimizer, config),
-            key=learner_key,
-            batch_size=config.sample_batch_size,
+            key=key,
+            config=config,
+            selector=rt.Uniform(),
+            obs_spec=obs_spec,
+            action_spec=((networks.action_dim,), "float32"),
             devices=devices,
         )
-        self.replay = TransitionReplay(
-            rt.Uniform(), config.replay_size, obs_spec, ((networks.action_dim,), "float32"),
-            config.n_step, config.discount,
-            seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))
-
-    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
-        """Stores the transitions of `batch` (unrolls [T + 1, B] from inference) and, once
-        the table holds `min_replay_size`, runs `updates_per_step` SGD steps on it; returns
-        their metrics, or only `replay_size` before that."""
-        c = self._config
-        size = self.replay.add(batch, 1.0)  # Uniform sampling: the priority is unused.
-        if size < c.min_replay_size:
-            return {"replay_size": size}
-        minibatches, _ = self.replay.sample(c.updates_per_step, c.sample_batch_size)
-        return dict(super().step(minibatches), replay_size=size)
 
     @property
     def params(self):
