@@ -28,7 +28,10 @@ from trellis.builders.inference import InferenceServer, step_specs
 from trellis.builders.stop import StopRule
 from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
 from trellis.envs.factory import EnvFactory
+from trellis.launch.node_context import StopEvent
 from trellis.reverb_tables import ReplayClient
+
+UnrollQueue = LocalUnrollQueue | TableUnrollQueue
 
 
 class UnrollBatcher:
@@ -54,6 +57,43 @@ class UnrollBatcher:
         self._columns -= b
         self._chunks = [rest] if self._columns else []
         return {k: v[:, :b] for k, v in joined.items()}
+
+
+class UnrollFeed:
+    """Unrolls from inference to the learner: a bounded queue, then batches of `batch_size`.
+
+    Args:
+      unrolls: the queue (`builders.unroll_queue`: in-process, or a replay node's table).
+      batch_size: columns (envs) per batch.
+      stop: the program's stop event; a blocked `put` gives up once it is set.
+    """
+
+    def __init__(self, unrolls: UnrollQueue, batch_size: int, stop: StopEvent):
+        self._unrolls = unrolls
+        self._batcher = UnrollBatcher(batch_size)
+        self._stop = stop
+
+    def put(self, chunk: dict[str, np.ndarray]) -> None:
+        """Queues one unroll [T + 1, K, ...]; blocks while the queue is full, until a stop."""
+        # Blocking while the learner is behind bounds policy lag; the stop ends the wait.
+        while not self._stop.is_set():
+            if self._unrolls.put(chunk, timeout_s=0.1):
+                return
+
+    def next_batch(self) -> dict[str, np.ndarray] | None:
+        """The next batch [T + 1, B, ...], or None if the queue ran dry before one was full."""
+        batch = self._batcher.pop()
+        while batch is None:
+            chunk = self._unrolls.get(timeout_s=0.05)
+            if chunk is None:
+                return None
+            self._batcher.add(chunk)
+            batch = self._batcher.pop()
+        return batch
+
+    def size(self) -> int:
+        """Unrolls waiting in the queue (not counting those already in the batcher)."""
+        return self._unrolls.size()
 
 
 class LearnerNode:
@@ -104,9 +144,9 @@ class LearnerNode:
         self._log_timer = _Interval(config.log_every_s, due_now=True)
         self._rate = StepRate(self._counter.env_steps())
         queue_spec = builder.queue_spec()
-        self._unrolls = _unroll_queue(queue_spec, config, replay)
-        self._batcher = UnrollBatcher(queue_spec.batch_size)
         self._stop = launch.stop_event()
+        self._feed = UnrollFeed(_unroll_queue(queue_spec, config, replay),
+                                queue_spec.batch_size, self._stop)
         self._inference = InferenceServer(
             policy=jax.jit(builder.make_policy(networks)),
             params=self._learner.params,
@@ -115,7 +155,7 @@ class LearnerNode:
             num_workers=config.num_actors,
             envs_per_worker=config.envs_per_actor,
             unroll_length=queue_spec.unroll_length,
-            on_unroll=self._put_unroll,
+            on_unroll=self._feed.put,
             stop=self._stop,
             timeout_s=config.inference_timeout_ms / 1000.0,
         )
@@ -153,7 +193,7 @@ class LearnerNode:
             env_steps_per_s=self._rate.update(stats["env_steps"]),
             inference_batches=self._inference.batches,
             slot_resets=self._inference.slot_resets,
-            queue_size=self._unrolls.size(),
+            queue_size=self._feed.size(),
             **self._metrics,
         )
         return stats
@@ -199,7 +239,7 @@ class LearnerNode:
                 return reason
             if self._checkpoint_timer.due():
                 self._save_checkpoint(self._counter.snapshot())
-            batch = self._next_batch()
+            batch = self._feed.next_batch()
             if batch is None or not self._config.learn:
                 continue
             metrics = self._learner.step(batch)
@@ -222,22 +262,6 @@ class LearnerNode:
         self._checkpointer.save(progress["env_steps"], state, progress)
         self._checkpoint_timer.restart()
 
-    def _put_unroll(self, chunk: dict[str, np.ndarray]) -> None:
-        # Blocks while the learner is behind (bounded policy lag), but never past a stop.
-        while not self._stop.is_set():
-            if self._unrolls.put(chunk, timeout_s=0.1):
-                return
-
-    def _next_batch(self) -> dict[str, np.ndarray] | None:
-        batch = self._batcher.pop()
-        while batch is None:
-            chunk = self._unrolls.get(timeout_s=0.05)
-            if chunk is None:
-                return None
-            self._batcher.add(chunk)
-            batch = self._batcher.pop()
-        return batch
-
 
 def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
     """Bound of the unroll queue, in per-worker unrolls [T + 1, K]: `max_batches` batches."""
@@ -245,8 +269,7 @@ def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
     return queue_spec.max_batches * chunks_per_batch
 
 
-def _unroll_queue(queue_spec: QueueSpec, config: ExperimentConfig,
-                  replay: Any) -> LocalUnrollQueue | TableUnrollQueue:
+def _unroll_queue(queue_spec: QueueSpec, config: ExperimentConfig, replay: Any) -> UnrollQueue:
     """The queue from inference to learner: in-process, or the replay node's table."""
     if replay is None:
         return LocalUnrollQueue(max_unrolls(queue_spec, config))

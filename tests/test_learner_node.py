@@ -1,12 +1,17 @@
-"""The learner node end to end on threads: stop by budget, its stats, checkpoint and resume."""
+"""The learner node: its unroll feed, and end to end on threads: budget stop, stats, resume."""
 
 import dataclasses
+import threading
+
+import numpy as np
 
 from trellis import launch
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
 from trellis.builders.config import ExperimentConfig
+from trellis.builders.learner_node import UnrollFeed
 from trellis.builders.program import make_program
+from trellis.builders.unroll_queue import LocalUnrollQueue
 from trellis.envs import EnvFactory
 
 # Every key of `stats()` besides the learner's metrics: run directories depend on them.
@@ -61,3 +66,33 @@ def test_budget_stop_reports_every_stat_and_checkpoints_the_same_counts(tmp_path
     assert resumed["learner_steps"] > progress["learner_steps"]
     assert resumed["episodes"] > progress["episodes"]
     assert resumed["elapsed_s"] > progress["elapsed_s"]
+
+
+def chunk(first_column, columns, t=3):
+    """An unroll chunk [T + 1, K] whose column j holds the number first_column + j."""
+    return {"x": np.tile(np.arange(first_column, first_column + columns), (t + 1, 1))}
+
+
+def test_feed_batches_unrolls_in_order_across_chunk_boundaries():
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=4), batch_size=3, stop=threading.Event())
+    for first in (0, 2, 4):  # Three chunks of two columns: 0..5.
+        feed.put(chunk(first, 2))
+    assert feed.size() == 3
+    batches = [feed.next_batch(), feed.next_batch()]
+    assert [b["x"][0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
+    assert all(b["x"].shape == (4, 3) for b in batches)
+    assert feed.next_batch() is None  # Dry: no partial batch.
+
+
+def test_feed_put_on_a_full_queue_gives_up_at_the_stop():
+    stop = threading.Event()
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=1), batch_size=2, stop=stop)
+    feed.put(chunk(0, 2))
+    blocked = threading.Thread(target=feed.put, args=(chunk(2, 2),))
+    blocked.start()
+    blocked.join(timeout=0.5)
+    assert blocked.is_alive(), "put must wait while the queue is full"
+    stop.set()
+    blocked.join(timeout=10)
+    assert not blocked.is_alive(), "put must return once the program stops"
+    assert feed.size() == 1
