@@ -19,7 +19,11 @@ from typing import Any
 from trellis import launch
 from trellis.builders.progress import Progress
 from trellis.builders.rundir import (
+    AGENT_CONFIG,
+    COMMAND_LINE,
     CONFIG,
+    EXPERIMENT,
+    RUN_RECORD,
     SUMMARY,
     RunWriter,
     git_commit,
@@ -42,7 +46,8 @@ def run_experiment(
     platform: str = "local_mt",
     quiet: bool = False,
     resume: bool = False,
-    settings: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+    argv: list[str] | None = None,
     extra_metrics: dict[str, Any] | None = None,
     platform_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -58,7 +63,9 @@ def run_experiment(
       quiet: no progress output.
       resume: continue from the newest checkpoint in `run_dir`: counters, metrics and curves
         go on from there.
-      settings: what config.json records as the resolved settings (e.g. the command line's).
+      options: the command line's options, for config.json's command_line section (default:
+        the env's id only).
+      argv: the command line of this session, recorded in config.json's run record.
       extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
       platform_options: passed on to `launch.launch` (e.g. `ray_address`).
 
@@ -77,7 +84,8 @@ def run_experiment(
     if resume:
         step, progress = latest_checkpoint(run_dir)  # A clear error before anything starts.
         resume_steps, resume_elapsed = progress["env_steps"], float(progress.get("elapsed_s", 0))
-    _write_config(run_dir, builder, env_factory, config, settings, resume_steps)
+    options = options or {"env": getattr(env_factory, "env_id", repr(env_factory))}
+    _write_config(run_dir, builder, config, options, argv, resume_steps)
 
     name = getattr(env_factory, "env_id", "env")
     program = make_program(builder, env_factory, config, name=f"{type(builder).__name__}-{name}",
@@ -122,7 +130,7 @@ def run_experiment(
     env_steps = int(stats.get("env_steps", resume_steps or 0))
     new_steps = env_steps - (resume_steps or 0)
     summary = {
-        "agent": (settings or {}).get("agent", type(builder).__name__),
+        "agent": options.get("agent", type(builder).__name__),
         "platform": platform,
         "env": name,
         "stopped_by": stopped_by,
@@ -131,7 +139,8 @@ def run_experiment(
         "wall_time_s": round(resume_elapsed + session_time, 3),
         "session_wall_time_s": round(session_time, 3),
         "env_steps_per_s": round(new_steps / session_time, 1) if session_time > 0 else 0.0,
-        "mean_return_last_100": stats.get("mean_return"),
+        "mean_return": stats.get("mean_return"),  # Over the last `return_window` episodes.
+        "return_window": config.return_window,
         "last_evaluation": stats.get("evaluation"),
         "episodes": stats.get("episodes", 0),
         "learner_steps": stats.get("learner_steps", 0),
@@ -152,24 +161,22 @@ def run_experiment(
     return summary
 
 
-def _write_config(run_dir, builder, env_factory, config, settings, resume_steps) -> None:
+def _write_config(run_dir, builder, config, options, argv, resume_steps) -> None:
+    """config.json: the run's settings (launch/flags.py reads them back) and its record."""
     path = os.path.join(run_dir, CONFIG)
     now = datetime.datetime.now().isoformat(timespec="seconds")
     session = {"started": now, "git_commit": git_commit(), "versions": versions(),
-               "resumed_from_env_steps": resume_steps, "settings": settings}
+               "resumed_from_env_steps": resume_steps, "argv": argv}
     if resume_steps is not None and os.path.exists(path):
-        data = read_json(path)  # The run's settings stay; this session is added to its list.
-        data.setdefault("sessions", []).append(session)
+        record = read_json(path).get(RUN_RECORD, {})  # This session joins the run's list.
+        record.setdefault("sessions", []).append(session)
     else:
-        data = dict(settings or {})
-        data.update(
-            env=getattr(env_factory, "env_id", repr(env_factory)),
-            experiment=_asdict(config),
-            agent_config=_asdict(getattr(builder, "config", None)),
-            created=now, git_commit=session["git_commit"], versions=session["versions"],
-            sessions=[session],
-        )
-    write_json(path, data)
+        record = {"created": now, "git_commit": session["git_commit"],
+                  "versions": session["versions"], "sessions": [session]}
+    # The settings are those of the newest session: a resumed run goes on with them.
+    write_json(path, {COMMAND_LINE: options, EXPERIMENT: _asdict(config),
+                      AGENT_CONFIG: _asdict(getattr(builder, "config", None)),
+                      RUN_RECORD: record})
 
 
 def _raise_keyboard_interrupt(signum, frame):

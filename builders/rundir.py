@@ -1,7 +1,7 @@
 """The run directory: what a run leaves behind for people and tools.
 
     runs/<agent>-<env>-<time>/
-      config.json          every resolved setting, library versions, the git commit
+      config.json          every resolved setting (see COMMAND_LINE), versions, git commits
       metrics.jsonl        one JSON record per log interval (see `metrics_record`)
       events.out.tfevents.* TensorBoard scalars (tensorboardX: no TensorFlow needed)
       summary.json         how and when the run stopped
@@ -27,6 +27,11 @@ METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 SUMMARY = "summary.json"
 CURVE = "learning_curve.png"
+# config.json's sections: the settings (the command line's options, ExperimentConfig, the
+# agent's config; launch/flags.py reads them back), then the run's record (created, versions,
+# git commit, one entry per session), which is not a setting.
+COMMAND_LINE, EXPERIMENT, AGENT_CONFIG, RUN_RECORD = (
+    "command_line", "experiment", "agent_config", "run")
 _VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "gymnasium", "numpy",
               "tensorboardX")
 # Keys of the learner node's stats that are not learner metrics.

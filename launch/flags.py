@@ -1,0 +1,338 @@
+"""Command-line settings generated from the config dataclasses (docs/configuration.md).
+
+One flat namespace of `--field_name=value` flags: the command line's own options
+(`RunOptions`), the experiment's (`builders.config.ExperimentConfig`) and the chosen agent's
+config (`--agent=X`). Every field is a flag, with its declared default, one-line help and
+bounds; no flag is written by hand. A settings file (`--config=FILE`, JSON or YAML; a run
+directory's config.json too) sets any of them and flags override it; `--resume=RUN_DIR`
+starts from the run's saved settings instead. Bad input raises `UsageError`, one line naming
+the setting and what is allowed.
+
+Only light imports here: run.py imports this module at its top level, which every node
+process of local_mp re-runs (spawn), and env workers must not load JAX. Agent packages
+(which import JAX) are imported by name when a command line is parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import gymnasium
+import yaml
+
+from trellis.agents.registry import AGENTS, agent_module
+from trellis.builders.config import (
+    Config,
+    ConfigError,
+    ExperimentConfig,
+    Setting,
+    setting,
+    settings,
+)
+from trellis.builders.rundir import AGENT_CONFIG, COMMAND_LINE, CONFIG, EXPERIMENT, RUN_RECORD
+from trellis.envs import EnvFactory, UnknownEnvError
+from trellis.launch import PLATFORMS
+
+# stop_at_return's command-line value for the env's Gymnasium reward_threshold; resolved here
+# (the library's ExperimentConfig knows no env, so its default is None: no target).
+AUTO = "auto"
+# What a resumed run may not change: the checkpoint holds this agent's state on this env.
+FIXED_ON_RESUME = ("agent", "env")
+# How this invocation was started, not a setting of the run: never saved or read from a file.
+_NOT_SAVED = ("config", "resume", "logdir")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions(Config):
+    """The command line's own options (neither the experiment's nor the agent's)."""
+
+    agent: str = setting("impala", "the agent to train", choices=sorted(AGENTS))
+    env: str = setting("CartPole-v1", "a Gymnasium id")
+    platform: str = setting(
+        "local_mp", "where the nodes run: threads, local processes or Ray", choices=PLATFORMS)
+    ray_address: str | None = setting(
+        None, "--platform=ray: 'auto' or HOST:PORT joins a running Ray cluster; none starts a "
+        "local Ray instance for this run (docs/cluster.md)")
+    logdir: str | None = setting(None, "run directory; none: runs/AGENT-ENV-TIME")
+    quiet: bool = setting(False, "no progress output")
+    config: str | None = setting(
+        None, "a JSON or YAML file of settings (a run's config.json too); flags override it")
+    resume: str | None = setting(
+        None, "continue the run in this directory from its newest checkpoint, with its "
+        "settings (flags given here override them, except agent and env)")
+
+    def check(self) -> None:
+        if self.ray_address is not None and self.platform != "ray":
+            raise self.invalid("ray_address", "none unless --platform=ray")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """Everything a run is built from: the three validated configs."""
+
+    options: RunOptions
+    experiment: ExperimentConfig
+    agent: Any  # The agent's Config.
+
+    def saved_options(self) -> dict[str, Any]:
+        """The options config.json records: all but those that say how this invocation was
+        started (config, resume, logdir: the run directory is where the file lies)."""
+        return {k: v for k, v in dataclasses.asdict(self.options).items() if k not in _NOT_SAVED}
+
+
+class UsageError(Exception):
+    """Bad command-line or settings-file input: one line for the user, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without its own exit on errors: they become UsageError."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _classes(agent_config: type) -> tuple[type, ...]:
+    return RunOptions, ExperimentConfig, agent_config
+
+
+def _settings_by_name(agent_config: type) -> dict[str, Setting]:
+    return {s.name: s for cls in _classes(agent_config) for s in settings(cls)}
+
+
+def _requirement(s: Setting) -> str:
+    """What the command line allows for `s`, in its own spelling (none, auto)."""
+    text = s.requirement().replace(" or None", " or none")
+    return text.replace(" or none", ", none or auto") if s.name == "stop_at_return" else text
+
+
+def _metavar(s: Setting) -> str:
+    if s.declaration.choices is not None:
+        return "{" + ",".join(str(c) for c in s.declaration.choices) + "}"
+    return {int: "INT", float: "FLOAT", bool: "BOOL", str: "STR"}[s.kind] + (
+        ",..." if s.sequence else "")
+
+
+def _quoted(value: Any) -> str:
+    """A value for an error message: numbers as they are, anything else quoted."""
+    plain = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _shown(value) if plain else repr(_shown(value))
+
+
+def _shown(value: Any) -> str:
+    """A value as it is written on the command line."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(_shown(v) for v in value)
+    return str(value)
+
+
+def _parser(prog: str, description: str, groups: Sequence[tuple[str, type]],
+            add_help: bool = True) -> argparse.ArgumentParser:
+    """A flag per field of each (title, config class) group; each given flag parses to its
+    text (every default is SUPPRESS, so the namespace holds only the flags given)."""
+    parser = _Parser(prog=prog, description=description, allow_abbrev=False, add_help=add_help,
+                     epilog="Flags are --name=value; booleans also --name (true) and "
+                     "--name=false; none sets an optional setting to None. "
+                     "`--agent=X --help` lists agent X's settings.")
+    for title, cls in groups:
+        group = parser.add_argument_group(title)
+        for s in settings(cls):
+            default = AUTO if s.name == "stop_at_return" else _shown(s.default)
+            group.add_argument(
+                f"--{s.name}", default=argparse.SUPPRESS, metavar=_metavar(s),
+                nargs="?" if s.kind is bool and not s.sequence else None,
+                const="true" if s.kind is bool else None,
+                help=f"{s.help} (default: {default}; {_requirement(s)})".replace("%", "%%"))
+    return parser
+
+
+def _given(parser: argparse.ArgumentParser, argv: Sequence[str],
+           known: dict[str, Setting]) -> tuple[dict[str, Any], list[str]]:
+    """The flags of `parser` given in `argv`, as values; and the arguments it does not know."""
+    flags, extra = parser.parse_known_args(argv)
+    return {name: from_text(known[name], text) for name, text in vars(flags).items()}, extra
+
+
+def from_text(s: Setting, text: str) -> Any:
+    """A setting's value from its command-line text.
+
+    Raises:
+      UsageError: the text is not a value of the setting's type.
+    """
+    if s.optional and text.lower() == "none":
+        return None
+    if s.name == "stop_at_return" and text == AUTO:  # Resolved once the env is known.
+        return AUTO
+    if s.sequence:
+        return tuple(_scalar(s, item.strip()) for item in text.split(",") if item.strip())
+    return _scalar(s, text)
+
+
+def _scalar(s: Setting, text: str) -> Any:
+    try:
+        if s.kind is bool:
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError(text)
+            return text.lower() in _TRUE
+        return s.kind(text)
+    except ValueError:
+        raise UsageError(f"--{s.name} must be {_requirement(s)}, got {text!r}") from None
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """The settings in a JSON or YAML file, by name (sections of a config.json merged).
+
+    A file is either flat ({"agent": "ppo", "clip_epsilon": 0.1}) or has config.json's
+    sections (command_line, experiment, agent_config, and the ignored run record).
+
+    Raises:
+      UsageError: the file cannot be read or has neither form.
+    """
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) if path.endswith((".yaml", ".yml")) else json.load(f)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise UsageError(f"cannot read settings from {path}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    sections = (COMMAND_LINE, EXPERIMENT, AGENT_CONFIG)
+    if not any(k in data for k in sections + (RUN_RECORD,)):
+        return data
+    extra = sorted(set(data) - set(sections) - {RUN_RECORD})
+    if extra:
+        raise UsageError(f"{path}: unknown section {extra[0]!r}; a sectioned settings file has "
+                         f"{', '.join(sections)} (and {RUN_RECORD}, ignored)")
+    flat: dict[str, Any] = {}
+    for section in sections:
+        flat.update(data.get(section) or {})
+    return flat
+
+
+def _owners(name: str) -> list[str]:
+    """The registered agents whose config has a field `name`."""
+    return [agent for agent in sorted(AGENTS)
+            if any(s.name == name for s in settings(agent_module(agent).Config))]
+
+
+def _unknown(name: str, agent: str, known: Iterable[str], where: str) -> UsageError:
+    owners = _owners(name)
+    if owners:
+        return UsageError(f"{where}{name} is a setting of {', '.join(owners)}, not of {agent} "
+                          f"(--agent={owners[0]} to use it)")
+    close = difflib.get_close_matches(name, list(known), n=3)
+    hint = f"; did you mean {', '.join(where + c for c in close)}?" if close else ""
+    return UsageError(f"{where}{name} is not a setting of --agent={agent}{hint} "
+                      f"(--agent={agent} --help lists them)")
+
+
+def _flag_name(token: str) -> str:
+    return token.split("=", 1)[0].lstrip("-")
+
+
+def _saved(run_dir: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, CONFIG)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--resume: cannot read the run's settings from {path}: "
+                         f"{type(e).__name__}: {e}") from None
+    if not isinstance(data, dict) or EXPERIMENT not in data or AGENT_CONFIG not in data:
+        raise UsageError(f"--resume: {path} holds no saved settings (no {EXPERIMENT!r} and "
+                         f"{AGENT_CONFIG!r} sections)")
+    return read_file(path)
+
+
+def _build(values: dict[str, Any], origin: dict[str, str], agent_config: type) -> RunSettings:
+    """The three configs from values by name; a ConfigError names where the value came from."""
+    if values.get("stop_at_return") == AUTO:
+        values["stop_at_return"] = gymnasium.spec(values["env"]).reward_threshold
+    try:
+        built = [cls(**{s.name: values[s.name] for s in settings(cls) if s.name in values})
+                 for cls in _classes(agent_config)]
+    except ConfigError as e:
+        where = origin.get(e.field, "")
+        shown = _quoted(e.value) if where == "--" else repr(e.value)
+        requirement = e.requirement.replace(" or None", " or none") if where == "--" else (
+            e.requirement)
+        raise UsageError(f"{where}{e.field} must be {requirement}, got {shown}") from None
+    return RunSettings(*built)
+
+
+def parse(argv: Sequence[str], prog: str = "run.py", description: str = "") -> RunSettings:
+    """The run's settings: defaults, then the --resume run's or the --config file's, then flags.
+
+    Args:
+      argv: the command line's arguments (without the program).
+      prog: the program's name in help and errors.
+      description: the first line of --help.
+
+    Returns:
+      The validated settings; with --resume, `options.logdir` is the resumed run's directory.
+
+    Raises:
+      UsageError: bad input, one line naming the setting and what is allowed.
+      SystemExit: after printing --help.
+    """
+    options = {s.name: s for s in settings(RunOptions)}
+    given, _ = _given(_parser(prog, "", [("", RunOptions)], add_help=False), argv, options)
+    base: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if given.get("resume") is not None:
+        base.update(_saved(given["resume"]))
+        origin.update(dict.fromkeys(base, f"{given['resume']}/{CONFIG}: "))
+    if given.get("config") is not None:
+        from_file = read_file(given["config"])
+        base.update(from_file)
+        origin.update(dict.fromkeys(from_file, f"{given['config']}: "))
+    agent = given.get("agent", base.get("agent", RunOptions.agent))
+    if agent not in AGENTS:
+        raise UsageError(f"--agent must be {_requirement(options['agent'])}, got {agent!r}")
+    agent_config = agent_module(agent).Config
+    known = _settings_by_name(agent_config)
+
+    titles = ("command line", "experiment (ExperimentConfig)",
+              f"agent {agent} ({agent_config.__name__})")
+    parser = _parser(prog, description, list(zip(titles, _classes(agent_config), strict=True)))
+    given, extra = _given(parser, argv, known)
+    if extra:
+        raise _unknown(_flag_name(extra[0]), agent, known, "--")
+    for name in base:
+        if name not in known:
+            raise _unknown(name, agent, known, origin[name])
+        if name in _NOT_SAVED and name != "logdir":
+            raise UsageError(f"{origin[name]}{name} can only be given on the command line")
+    if given.get("resume") is not None:
+        for name in FIXED_ON_RESUME:
+            if name in given and given[name] != base.get(name):
+                raise UsageError(f"--{name} cannot change on --resume (the run used "
+                                 f"{base.get(name)!r})")
+        given["logdir"] = given["resume"]
+    origin.update(dict.fromkeys(given, "--"))
+    values = {"stop_at_return": AUTO, **base, **given}
+    try:
+        EnvFactory(values.get("env", RunOptions.env)).validate()
+    except UnknownEnvError as e:
+        raise UsageError(str(e)) from None
+    values.setdefault("env", RunOptions.env)
+    return _build(values, origin, agent_config)
+
+
+def load_run(run_dir: str) -> RunSettings:
+    """The settings a run directory's config.json saved (no flags, no defaults re-parsed).
+
+    Raises:
+      UsageError: the file is missing, unreadable or holds invalid settings.
+    """
+    return parse([f"--resume={run_dir}"])
