@@ -1,9 +1,10 @@
 """Evaluates a run's checkpoint: `python launch/evaluate.py RUN_DIR [--episodes=N] [--video=DIR]`.
 
-Rebuilds the run's agent from its config.json, restores the newest checkpoint (or --step),
-plays N episodes with the greedy policy on fresh envs and prints the mean return (a line for
-people, then one JSON line for scripts). With --video, episodes are recorded with Gymnasium's
-RecordVideo (the env must render rgb arrays; needs `pip install moviepy`).
+Rebuilds the run's agent from the settings its config.json saved (launch/flags.py), restores
+the newest checkpoint (or --step), plays N episodes with the greedy policy on fresh envs and
+prints the mean return (a line for people, then one JSON line for scripts). With --video,
+episodes are recorded with Gymnasium's RecordVideo (the env must render rgb arrays; needs
+`pip install moviepy`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if not __package__:
     _spec.submodule_search_locations = [_root]
     sys.modules["trellis"] = importlib.util.module_from_spec(_spec)
 
-from trellis.builders.rundir import CONFIG  # noqa: E402
+from trellis.launch.flags import UsageError, load_run  # noqa: E402
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -64,20 +65,11 @@ def load_policy(run_dir: str, step: int | None = None):
     import jax
 
     from trellis.builders.checkpointing import Checkpointer, CheckpointError, checkpoint_dir
-    from trellis.envs import UnknownEnvError
     from trellis.launch import run
 
-    path = os.path.join(run_dir, CONFIG)
-    try:
-        with open(path) as f:
-            saved = json.load(f)["args"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise _Error(f"cannot read the run's settings from {path}: {type(e).__name__}: {e}") from e
-    args = vars(run.parse_args([]))
-    args.update({k: v for k, v in saved.items() if k in args})
-    try:
-        builder, env_factory, _, _ = run.build(argparse.Namespace(**args))
-    except (ValueError, UnknownEnvError, TypeError) as e:
+    try:  # The run's saved settings, as the run used them: no flags, no defaults re-parsed.
+        builder, env_factory = run.build(load_run(run_dir))
+    except (UsageError, ValueError) as e:
         raise _Error(str(e)) from e
     spec = env_factory.spec()
     networks = builder.make_networks(spec)

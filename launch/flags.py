@@ -246,10 +246,10 @@ def _saved(run_dir: str) -> dict[str, Any]:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
-        raise UsageError(f"--resume: cannot read the run's settings from {path}: "
+        raise UsageError(f"cannot read the run's settings from {path}: "
                          f"{type(e).__name__}: {e}") from None
     if not isinstance(data, dict) or EXPERIMENT not in data or AGENT_CONFIG not in data:
-        raise UsageError(f"--resume: {path} holds no saved settings (no {EXPERIMENT!r} and "
+        raise UsageError(f"{path} holds no saved settings (no {EXPERIMENT!r} and "
                          f"{AGENT_CONFIG!r} sections)")
     return read_file(path)
 
