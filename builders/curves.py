@@ -16,10 +16,19 @@ from typing import Any
 import matplotlib
 import numpy as np
 
-from trellis.builders.rundir import CONFIG, CURVE, read_json, read_metrics
+from trellis.builders.rundir import (
+    AGENT_CONFIG,
+    COMMAND_LINE,
+    CONFIG,
+    CURVE,
+    EXPERIMENT,
+    read_json,
+    read_metrics,
+)
 
 # Settings that do not make runs different experiments.
-_NOT_SETTINGS = {"seed", "logdir", "resume", "quiet", "platform"}
+_NOT_SETTINGS = {"seed", "quiet", "platform", "ray_address", "log_every_s", "checkpoint_every_s",
+                 "keep_checkpoints"}
 
 
 def _pyplot():
@@ -55,7 +64,7 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     for ax, x, label in ((axes[0], "env_steps", "env steps"),
                          (axes[1], "wall_time_s", "wall time (s)")):
         xs, ys = _series(records, x, "return_mean")
-        ax.plot(xs, ys, label="training (mean of last 100 episodes)")
+        ax.plot(xs, ys, label=f"training (mean of last {_window(run_dir)} episodes)")
         evals = [r for r in records if r.get("eval_return_mean") is not None]
         if evals:
             # Evaluations are placed where their params were taken (eval_env_steps); on the
@@ -86,15 +95,22 @@ def _config(run_dir: str) -> dict[str, Any]:
 
 
 def _title(run_dir: str) -> str:
-    config = _config(run_dir)
-    name = f"{config.get('agent', '?')} on {config.get('env', '?')}"
+    options = _config(run_dir).get(COMMAND_LINE) or {}
+    name = f"{options.get('agent', '?')} on {options.get('env', '?')}"
     return f"{name}  ({os.path.basename(os.path.normpath(run_dir))})"
 
 
+def _window(run_dir: str) -> Any:
+    """The run's return_window: the episodes each training return is the mean of."""
+    return (_config(run_dir).get(EXPERIMENT) or {}).get("return_window", "?")
+
+
 def _settings(run_dir: str) -> dict[str, Any]:
+    """Every setting of the run (config.json's sections, flat), less _NOT_SETTINGS."""
     config = _config(run_dir)
-    args = dict(config.get("args") or {"agent": config.get("agent"), "env": config.get("env")})
-    return {k: v for k, v in args.items() if k not in _NOT_SETTINGS}
+    flat = {k: v for section in (COMMAND_LINE, EXPERIMENT, AGENT_CONFIG)
+            for k, v in (config.get(section) or {}).items()}
+    return {k: v for k, v in flat.items() if k not in _NOT_SETTINGS}
 
 
 def _mean_and_spread(curves: list[tuple[list[float], list[float]]], num: int = 200):
@@ -135,7 +151,8 @@ def plot_runs(run_dirs: Sequence[str], out: str) -> str:
             grid, mean, low, high = _mean_and_spread(curves)
             line, = ax.plot(grid, mean, label=label)
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
-    axes[0].set_title("training return (last 100 episodes)")
+    windows = sorted({str(_window(d)) for d in run_dirs})
+    axes[0].set_title(f"training return (last {' or '.join(windows)} episodes)")
     axes[1].set_title("evaluation return (greedy)")
     for ax in axes:
         ax.set_xlabel("env steps")
