@@ -47,11 +47,11 @@ def main() -> None:
             runs.append(s)
             print(f"{platform:<10}{seed:>6}{s['stopped_by']:>15}{s['wall_time_s']:>9.1f}"
                   f"{s['env_steps']:>11,d}{s['env_steps_per_s']:>10,.0f}"
-                  f"{s['mean_return_last_100']:>8.1f}", flush=True)
+                  f"{s['mean_return']:>8.1f}", flush=True)
         solved = [r for r in runs if r["stopped_by"] == "return_target"]
         results[platform] = {
             "runs": [{k: r[k] for k in ("stopped_by", "wall_time_s", "env_steps",
-                                         "env_steps_per_s", "mean_return_last_100")}
+                                         "env_steps_per_s", "mean_return")}
                      for r in runs],
             "solved": f"{len(solved)}/{len(runs)}",
             "median_wall_time_s": statistics.median(r["wall_time_s"] for r in runs),
