@@ -44,8 +44,10 @@ from trellis.launch import PLATFORMS
 AUTO = "auto"
 # What a resumed run may not change: the checkpoint holds this agent's state on this env.
 FIXED_ON_RESUME = ("agent", "env")
-# How this invocation was started, not a setting of the run: never saved or read from a file.
+# How this invocation was started, not a setting of the run: not saved in config.json (the run
+# directory is where the file lies); config and resume cannot be set from a file.
 _NOT_SAVED = ("config", "resume", "logdir")
+_COMMAND_LINE_ONLY = ("config", "resume")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
@@ -225,14 +227,17 @@ def _owners(name: str) -> list[str]:
             if any(s.name == name for s in settings(agent_module(agent).Config))]
 
 
-def _unknown(name: str, agent: str, known: Iterable[str], where: str) -> UsageError:
+def _unknown(name: str, agent: str, known: Iterable[str], origin: str) -> UsageError:
+    """The error for a setting `name` that the agent's settings lack; `origin` is "--" for a
+    flag, "FILE: " for a settings file."""
+    spelled = "--" if origin == "--" else ""
     owners = _owners(name)
     if owners:
-        return UsageError(f"{where}{name} is a setting of {', '.join(owners)}, not of {agent} "
+        return UsageError(f"{origin}{name} is a setting of {', '.join(owners)}, not of {agent} "
                           f"(--agent={owners[0]} to use it)")
     close = difflib.get_close_matches(name, list(known), n=3)
-    hint = f"; did you mean {', '.join(where + c for c in close)}?" if close else ""
-    return UsageError(f"{where}{name} is not a setting of --agent={agent}{hint} "
+    hint = f"; did you mean {', '.join(spelled + c for c in close)}?" if close else ""
+    return UsageError(f"{origin}{name} is not a setting of --agent={agent}{hint} "
                       f"(--agent={agent} --help lists them)")
 
 
@@ -287,18 +292,11 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "") -> R
     """
     options = {s.name: s for s in settings(RunOptions)}
     given, _ = _given(_parser(prog, "", [("", RunOptions)], add_help=False), argv, options)
-    base: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    if given.get("resume") is not None:
-        base.update(_saved(given["resume"]))
-        origin.update(dict.fromkeys(base, f"{given['resume']}/{CONFIG}: "))
-    if given.get("config") is not None:
-        from_file = read_file(given["config"])
-        base.update(from_file)
-        origin.update(dict.fromkeys(from_file, f"{given['config']}: "))
+    base, origin = _base(given)
     agent = given.get("agent", base.get("agent", RunOptions.agent))
     if agent not in AGENTS:
-        raise UsageError(f"--agent must be {_requirement(options['agent'])}, got {agent!r}")
+        where = origin.get("agent", "--") if "agent" not in given else "--"
+        raise UsageError(f"{where}agent must be {_requirement(options['agent'])}, got {agent!r}")
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
 
@@ -311,22 +309,37 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "") -> R
     for name in base:
         if name not in known:
             raise _unknown(name, agent, known, origin[name])
-        if name in _NOT_SAVED and name != "logdir":
-            raise UsageError(f"{origin[name]}{name} can only be given on the command line")
     if given.get("resume") is not None:
+        given["logdir"] = given["resume"]
+    origin.update(dict.fromkeys(given, "--"))
+    values = {"env": RunOptions.env, "stop_at_return": AUTO, **base, **given}
+    try:
+        EnvFactory(values["env"]).validate()
+    except UnknownEnvError as e:
+        raise UsageError(str(e)) from None
+    return _build(values, origin, agent_config)
+
+
+def _base(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the flags start from (the resumed run's, then the --config file's), and
+    where each came from ("FILE: ")."""
+    base: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if given.get("resume") is not None:
+        base.update(_saved(given["resume"]))
+        origin.update(dict.fromkeys(base, f"{os.path.join(given['resume'], CONFIG)}: "))
         for name in FIXED_ON_RESUME:
             if name in given and given[name] != base.get(name):
                 raise UsageError(f"--{name} cannot change on --resume (the run used "
                                  f"{base.get(name)!r})")
-        given["logdir"] = given["resume"]
-    origin.update(dict.fromkeys(given, "--"))
-    values = {"stop_at_return": AUTO, **base, **given}
-    try:
-        EnvFactory(values.get("env", RunOptions.env)).validate()
-    except UnknownEnvError as e:
-        raise UsageError(str(e)) from None
-    values.setdefault("env", RunOptions.env)
-    return _build(values, origin, agent_config)
+    if given.get("config") is not None:
+        from_file = read_file(given["config"])
+        base.update(from_file)
+        origin.update(dict.fromkeys(from_file, f"{given['config']}: "))
+    for name in _COMMAND_LINE_ONLY:
+        if name in base:
+            raise UsageError(f"{origin[name]}{name} can only be given on the command line")
+    return base, origin
 
 
 def load_run(run_dir: str) -> RunSettings:

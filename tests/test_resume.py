@@ -83,9 +83,12 @@ def test_sigkill_then_resume_continues_counters_metrics_and_returns(tmp_path):
     assert new[0]["return_mean"] > 2 * RANDOM_CARTPOLE_RETURN, new[0]
 
     config = json.load(open(os.path.join(run_dir, "config.json")))
-    assert [s["resumed_from_env_steps"] for s in config["sessions"]] == [None, killed_at]
-    assert config["args"]["platform"] == "local_mp"  # The run's settings stay as they were.
-    resumed = config["sessions"][1]["settings"]["args"]
+    sessions = config["run"]["sessions"]
+    assert [s["resumed_from_env_steps"] for s in sessions] == [None, killed_at]
+    assert "--platform=local_mp" in sessions[0]["argv"]
+    assert f"--resume={run_dir}" in sessions[1]["argv"]
     # Settings come from the run, flags given on resume override them.
-    assert resumed["envs_per_actor"] == 24 and resumed["checkpoint_every_s"] == 1
-    assert resumed["platform"] == "local_mt" and resumed["eval_every"] == 100000
+    experiment = config["experiment"]
+    assert experiment["envs_per_actor"] == 24 and experiment["checkpoint_every_s"] == 1
+    assert experiment["eval_every"] == 100000 and experiment["eval_episodes"] == 5
+    assert config["command_line"]["platform"] == "local_mt"

@@ -59,13 +59,16 @@ def test_run_dir_has_every_file_and_each_is_valid(run_dir):
         assert name in files, files
 
     config = json.load(open(os.path.join(run_dir, "config.json")))
-    assert config["agent"] == "impala" and config["env"] == "CartPole-v1"
-    assert config["args"]["total_env_steps"] == 30000
+    assert config["command_line"]["agent"] == "impala"
+    assert config["command_line"]["env"] == "CartPole-v1"
+    assert config["experiment"]["total_env_steps"] == 30000
     assert config["experiment"]["eval_every"] == 10000
+    assert config["experiment"]["stop_at_return"] is None
     assert config["agent_config"]["learning_rate"] > 0
+    record = config["run"]
     for lib in ("jax", "flax", "optax", "gymnasium"):
-        assert config["versions"][lib], config["versions"]
-    assert len(config["git_commit"].split("-")[0]) == 40
+        assert record["versions"][lib], record["versions"]
+    assert len(record["git_commit"].split("-")[0]) == 40
 
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     assert summary["stopped_by"] == "budget" and summary["env_steps"] >= 30000
@@ -134,8 +137,8 @@ def _one_line_error(out, path):
 
 def test_resume_without_checkpoint_is_one_clear_error(tmp_path):
     os.makedirs(tmp_path / "empty")
-    json.dump({"args": {"agent": "impala", "env": "CartPole-v1"}},
-              open(tmp_path / "empty" / "config.json", "w"))
+    json.dump({"command_line": {"agent": "impala", "env": "CartPole-v1"}, "experiment": {},
+               "agent_config": {}}, open(tmp_path / "empty" / "config.json", "w"))
     out = script("run.py", [f"--resume={tmp_path / 'empty'}"], timeout=60)
     _one_line_error(out, str(tmp_path / "empty" / "checkpoints"))
     out = script("run.py", [f"--resume={tmp_path / 'nowhere'}"], timeout=60)
