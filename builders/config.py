@@ -245,7 +245,7 @@ class ExperimentConfig(Config):
     total_env_steps: int = setting(2_000_000, "env-step budget of the run", ge=1)
     stop_at_return: float | None = setting(
         None, "stop once the mean return over the last return_window episodes reaches this; "
-        "None: no target (run.py's default is auto: the env's reward_threshold)")
+        "none: no target; auto (run.py's default): the env's Gymnasium reward_threshold")
     return_window: int = setting(
         100, "episodes in the mean return used for stopping and reports", ge=1)
     inference_timeout_ms: float = setting(

@@ -35,7 +35,7 @@ class PPOConfig(AgentConfig):
     # Loss.
     clip_epsilon: float = setting(0.2, "clip range of the probability ratio", gt=0)
     value_clip_epsilon: float | None = setting(
-        None, "clip range of the value change; None: no value clipping", gt=0)
+        None, "clip range of the value change; none: no value clipping", gt=0)
     value_cost: float = setting(0.5, "weight of the value loss", ge=0)
     entropy_cost: float = setting(0.0, "weight of the entropy bonus", ge=0)
 

@@ -30,7 +30,7 @@ class SACConfig(ReplayConfig):
     # Temperature: alpha starts at `initial_temperature`; the target entropy is
     # -action_dim (the paper's heuristic) unless set here.
     initial_temperature: float = setting(1.0, "initial entropy temperature alpha", gt=0)
-    target_entropy: float | None = setting(None, "target entropy; None: -action_dim")
+    target_entropy: float | None = setting(None, "target entropy; none: -action_dim")
     # The policy's log std is clipped to this range, so exp() neither vanishes nor explodes.
     log_std_min: float = setting(-5.0, "lower clip of the policy's log std")
     log_std_max: float = setting(2.0, "upper clip of the policy's log std; > log_std_min")
