@@ -1,7 +1,7 @@
 """`run_experiment`: one training run of any builder, with its run directory.
 
 It builds the program (`builders.make_program`), launches it, shows progress, writes the run
-directory (launch/rundir.py) as it goes, and learning_curve.png and summary.json at the end.
+directory (builders/rundir.py) as it goes, and learning_curve.png and summary.json at the end.
 `launch/run.py` calls it for the registered agents; a notebook may call it with a builder of
 its own (on `local_mt`, since a class defined in a notebook cannot be pickled into processes).
 """
@@ -56,7 +56,7 @@ def run_experiment(
     Args:
       builder: the agent (builders.base.Builder).
       env_factory: envs.EnvFactory.
-      config: the experiment settings (builders.base.ExperimentConfig); the learner
+      config: the experiment settings (builders.config.ExperimentConfig); the learner
         checkpoints into RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
       platform: "local_mt", "local_mp" or "ray".
