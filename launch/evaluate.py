@@ -10,21 +10,17 @@ episodes are recorded with Gymnasium's RecordVideo (the env must render rgb arra
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
+import types
 from collections.abc import Sequence
 
-if not __package__:
-    # Run as a file from a clone (`python launch/X.py`; spawned node processes re-run it so):
-    # the clone's folders are the `trellis` package, and launch/ itself must not shadow modules.
+if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/architecture.md.
     _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p) != os.path.join(_root, "launch")]
-    _spec = importlib.machinery.ModuleSpec("trellis", None, is_package=True)
-    _spec.submodule_search_locations = [_root]
-    sys.modules["trellis"] = importlib.util.module_from_spec(_spec)
+    sys.modules["trellis"] = types.ModuleType("trellis", f"Trellis from the clone at {_root}")
+    sys.modules["trellis"].__path__ = [_root]
 
 from trellis.launch.flags import UsageError, load_run  # noqa: E402
 
