@@ -142,7 +142,11 @@ class InferenceServer:
         self._recorder = UnrollRecorder(
             self._specs, num_workers, envs_per_worker, unroll_length, on_unroll
         )
-        self._thread = threading.Thread(target=self._serve, name="inference", daemon=True)
+        # Not a daemon: the interpreter joins it at exit (it ends once `stop` is set). A daemon
+        # thread still inside a JAX call when the interpreter finalizes is unwound by
+        # pthread_exit through XLA's C++ frames, which aborts the process with "terminate
+        # called after throwing an instance of '' / FATAL: exception not rethrown".
+        self._thread = threading.Thread(target=self._serve, name="inference")
         self.batches = 0
         self.steps = 0
 
@@ -222,10 +226,15 @@ class InferenceServer:
                 continue
             try:
                 self._infer(batch)
-            except BaseException as e:  # Wake the workers, then let the node fail.
-                for request in batch:
-                    request.error = e
+            except BaseException as e:
+                # A peer that stopped first (a replay node taking unrolls) is part of stopping,
+                # not an error: the workers get the stop answer (None) and the thread ends.
+                stopping = self._stop.is_set() and isinstance(e, ConnectionError | EOFError)
+                for request in batch:  # Wake the workers, then let the node fail.
+                    request.error = None if stopping else e
                     request.done.set()
+                if stopping:
+                    return
                 raise
 
     def _infer(self, batch: list[_Request]) -> None:

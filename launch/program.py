@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import pickle
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -202,7 +203,10 @@ def execute_in_process(payload: bytes, context: NodeContext,
 
     ok = execute(payload, context, serve)
     for server in servers:
-        server.close()
+        stuck = server.close()
+        if stuck:
+            print(f"[launch] node '{context.label}': {len(stuck)} RPC call(s) still running "
+                  f"as its process exits", file=sys.stderr, flush=True)
     return ok
 
 

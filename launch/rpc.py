@@ -25,6 +25,7 @@ bytes from a stranger.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -47,6 +48,8 @@ _MAGIC = b"TRELLIS-RPC-1"
 _NONCE_BYTES = 32
 _HEADER = struct.Struct("!Q")
 _HANDSHAKE_TIMEOUT_S = 10.0
+# How long a closing server waits for calls in progress (a node process exits after it).
+_CLOSE_TIMEOUT_S = 5.0
 # Below this size one `sendall` of header + payload saves a packet; above it the copy costs more.
 _COALESCE_BYTES = 64 * 1024
 
@@ -399,8 +402,9 @@ def serve_inproc(address: InprocAddress, instance: Any, context: node_context.No
 class TcpServer:
     """Serves the public methods of `instance` on `address`, one thread per connection.
 
-    All threads are daemons: a node process exits when its main thread is done, whatever its
-    callers are doing.
+    The threads are daemons, so a caller stuck on a dead peer cannot keep the process alive;
+    `close()` still ends and joins them, so that no thread is inside a node's method (which may
+    be running native code, e.g. JAX) when the process exits.
     """
 
     def __init__(self, instance: Any, label: str, address: TcpAddress):
@@ -408,6 +412,8 @@ class TcpServer:
         self._label = label
         self._authkey = address.authkey
         self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, threading.Thread] = {}
         # create_server sets SO_REUSEADDR, so a port freed by the launcher a moment ago binds.
         self._sock = socket.create_server((address.host, address.port))
         # Accept with a timeout so that close() is noticed without platform-specific tricks.
@@ -417,10 +423,29 @@ class TcpServer:
         )
         self._thread.start()
 
-    def close(self) -> None:
-        """Stops accepting connections (open connections end with the process)."""
+    def close(self, timeout_s: float = _CLOSE_TIMEOUT_S) -> list[str]:
+        """Stops serving: no new connections, and each open one ends after its current call.
+
+        Args:
+          timeout_s: how long calls in progress get to return.
+
+        Returns:
+          The names of the connection threads still in a call after `timeout_s` (left running).
+        """
         self._closed.set()
         self._sock.close()
+        self._thread.join(timeout_s)
+        with self._lock:
+            connections = dict(self._connections)
+        for conn in connections:
+            # The reading side only: a call in progress still sends its reply, then its
+            # thread reads EOF and ends.
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RD)
+        deadline = time.monotonic() + timeout_s
+        for thread in connections.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [thread.name for thread in connections.values() if thread.is_alive()]
 
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
@@ -430,29 +455,39 @@ class TcpServer:
                 continue
             except OSError:
                 return  # closed
-            threading.Thread(
+            thread = threading.Thread(
                 target=self._serve_connection, args=(conn,), name=f"rpc:{self._label}", daemon=True
-            ).start()
+            )
+            with self._lock:
+                self._connections[conn] = thread
+            thread.start()
 
     def _serve_connection(self, conn: socket.socket) -> None:
-        with conn:
+        try:
+            self._serve_requests(conn)
+        finally:
+            with self._lock:
+                self._connections.pop(conn, None)
+            conn.close()
+
+    def _serve_requests(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(_HANDSHAKE_TIMEOUT_S)
+            _server_handshake(conn, self._authkey)
+            conn.settimeout(None)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, EOFError, _AuthenticationError):
+            return  # a stranger or a client that gave up: nothing to answer
+        while not self._closed.is_set():
             try:
-                conn.settimeout(_HANDSHAKE_TIMEOUT_S)
-                _server_handshake(conn, self._authkey)
-                conn.settimeout(None)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except (OSError, EOFError, _AuthenticationError):
-                return  # a stranger or a client that gave up: nothing to answer
-            while True:
-                try:
-                    request = _recv_message(conn)
-                except (OSError, EOFError):
-                    return
-                reply = self._handle(request)
-                try:
-                    _send_message(conn, reply)
-                except OSError:
-                    return
+                request = _recv_message(conn)
+            except (OSError, EOFError):
+                return
+            reply = self._handle(request)
+            try:
+                _send_message(conn, reply)
+            except OSError:
+                return
 
     def _handle(self, request: _Message) -> _Message:
         name = "?"
