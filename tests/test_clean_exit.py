@@ -1,0 +1,203 @@
+"""`launch/run.py` ends cleanly: no native-thread abort or traceback, and no process left over.
+
+Each test runs run.py in a subprocess, records every process it starts while it runs (from
+/proc), and checks, once run.py has returned, that none of them is still alive, and that its
+output has none of the noise a torn-down thread or a failing node prints. Covered: the step
+budget (on threads, on processes, and with unrolls through a replay node, whose early stop used
+to surface as a traceback), the return target, Ctrl-C, and an env worker killed and restarted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(REPO, "launch", "run.py")
+NOISE = ("terminate called", "FATAL", "Traceback")
+SMALL = ["--agent=impala", "--env=CartPole-v1", "--num_actors=2", "--envs_per_actor=8",
+         "--quiet", "--log_every_s=0.5"]
+DEADLINE_S = 240.0  # A whole run on a busy 2-core machine, start-up included.
+
+
+@dataclasses.dataclass
+class Finished:
+    returncode: int
+    out: str  # stdout and stderr together
+    summary: dict
+    left: list[str]  # "pid cmdline" of the run's processes still alive when run.py returned
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            pass  # The thread or the process ended meanwhile.
+    return out
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), or None if it is gone or a zombie.
+
+    Comparing start times tells a process from a later one that reuses its pid.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _threads(pid: int) -> int:
+    return len(glob.glob(f"/proc/{pid}/task/*"))
+
+
+class Run:
+    """run.py in a subprocess (its own session, like a shell job), with its process tree."""
+
+    def __init__(self, tmp_path, *flags: str):
+        self.run_dir = tmp_path / "run"
+        self._log = open(tmp_path / "output.txt", "w+")  # noqa: SIM115 -- closed in finish()
+        self.process = subprocess.Popen(
+            [sys.executable, RUN, *SMALL, f"--logdir={self.run_dir}", *flags],
+            cwd=str(tmp_path), stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.seen: dict[int, str] = {}  # pid -> start time
+        self._deadline = time.monotonic() + DEADLINE_S
+
+    def watch(self) -> None:
+        """Records the processes run.py has started so far (nodes and their children)."""
+        pending = [self.process.pid]
+        while pending:
+            for child in _children(pending.pop()):
+                start = _start_time(child)
+                if start is not None and child not in self.seen:
+                    self.seen[child] = start
+                pending.append(child)
+
+    def poll_until(self, condition, what: str) -> None:
+        """Watches the process tree until `condition()` holds; fails at the deadline."""
+        while not condition():
+            assert self.process.poll() is None, f"run.py exited before {what}"
+            assert time.monotonic() < self._deadline, f"timed out waiting for {what}"
+            self.watch()
+            time.sleep(0.05)
+
+    def env_steps(self) -> int:
+        """The newest env-step count in metrics.jsonl (0 before the first record)."""
+        try:
+            with open(self.run_dir / "metrics.jsonl") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return 0
+        records = [json.loads(line) for line in lines if line.endswith("}")]
+        return max((r.get("env_steps", 0) for r in records), default=0)
+
+    def node_pids(self) -> list[int]:
+        """The live node processes: run.py's spawned children, multiprocessing's helper aside."""
+        return [pid for pid in _children(self.process.pid)
+                if "spawn_main" in _cmdline(pid) and "resource_tracker" not in _cmdline(pid)]
+
+    def _alive(self, pid: int) -> bool:
+        return _start_time(pid) == self.seen[pid]
+
+    def finish(self) -> Finished:
+        """Waits for run.py to return; what it printed and which of its processes are left."""
+        try:
+            self.poll_until(lambda: self.process.poll() is not None, "run.py to return")
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        left = [pid for pid in self.seen if self._alive(pid)]
+        # multiprocessing's resource tracker is no node: it ends when it reads EOF from its
+        # pipe, i.e. just after run.py; it gets a deadline, the nodes none.
+        trackers = [pid for pid in left if "resource_tracker" in _cmdline(pid)]
+        described = [f"{pid} {_cmdline(pid)}" for pid in left if pid not in trackers]
+        deadline = time.monotonic() + 10.0
+        while any(self._alive(pid) for pid in trackers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        described += [f"{pid} {_cmdline(pid)}" for pid in trackers if self._alive(pid)]
+        self._log.seek(0)
+        out = self._log.read()
+        self._log.close()
+        summary_path = self.run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        return Finished(self.process.returncode, out, summary, described)
+
+
+def _assert_clean(finished: Finished, returncode: int, stopped_by: str) -> None:
+    assert finished.returncode == returncode, finished.out
+    assert finished.summary.get("stopped_by") == stopped_by, finished.out
+    for noise in NOISE:
+        assert noise not in finished.out, f"{noise!r} in the output:\n{finished.out}"
+    assert finished.left == [], f"processes left after run.py returned: {finished.left}"
+
+
+@pytest.mark.parametrize("flags", [
+    ["--platform=local_mp"],
+    ["--platform=local_mp"],  # Twice: the abort it guards against was intermittent.
+    ["--platform=local_mp", "--unroll_queue=replay"],
+    ["--platform=local_mt"],
+], ids=["local_mp", "local_mp-again", "local_mp-replay", "local_mt"])
+def test_a_run_stopped_by_its_budget_exits_cleanly(tmp_path, flags):
+    run = Run(tmp_path, "--total_env_steps=12000", "--stop_at_return=none", *flags)
+    finished = run.finish()
+    _assert_clean(finished, 0, "budget")
+    assert "[launch]" not in finished.out, finished.out  # No node failed, not even at the end.
+
+
+def test_a_run_stopped_by_its_return_target_exits_cleanly(tmp_path):
+    # A random CartPole policy returns about 20; 25 over 10 episodes comes within seconds.
+    run = Run(tmp_path, "--platform=local_mp", "--total_env_steps=2000000",
+              "--stop_at_return=25", "--return_window=10")
+    finished = run.finish()
+    _assert_clean(finished, 0, "return_target")
+    assert "[launch]" not in finished.out, finished.out
+
+
+def test_ctrl_c_stops_a_run_cleanly(tmp_path):
+    run = Run(tmp_path, "--platform=local_mp", "--total_env_steps=2000000",
+              "--stop_at_return=none")
+    run.poll_until(lambda: run.env_steps() > 0, "training to start")
+    os.killpg(run.process.pid, signal.SIGINT)  # What Ctrl-C in a shell sends.
+    finished = run.finish()
+    _assert_clean(finished, 130, "signal")
+
+
+def test_no_process_is_left_after_an_env_worker_restart(tmp_path):
+    run = Run(tmp_path, "--platform=local_mp", "--total_env_steps=60000",
+              "--stop_at_return=none", "--max_actor_restarts=1")
+    run.poll_until(lambda: run.env_steps() >= 2000, "training to start")
+    nodes = run.node_pids()
+    assert len(nodes) == 3, nodes  # The learner and two env workers.
+    # The learner runs JAX (dozens of threads); an env worker only steps envs.
+    victim = min(nodes, key=_threads)
+    os.kill(victim, signal.SIGKILL)
+    run.poll_until(lambda: len(run.node_pids()) == 3 and victim not in run.node_pids(),
+                   "the env worker's restart")
+    finished = run.finish()
+    assert "failed; restarting it (restart 1 of 1)" in finished.out, finished.out
+    assert finished.summary.get("node_restarts") in ({"actor/0": 1}, {"actor/1": 1}), finished.out
+    _assert_clean(finished, 0, "budget")
