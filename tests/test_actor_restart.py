@@ -29,7 +29,8 @@ def test_killed_env_worker_is_restarted_and_the_run_finishes(platform, capfd):
         learner = program.handles("learner")[0].dereference()
         victim = program.handles("actor")[0].dereference()
         deadline = time.monotonic() + 60
-        while learner.env_steps() < 4_000 and time.monotonic() < deadline:
+        while learner.env_steps() < 4_000:
+            assert time.monotonic() < deadline, "training did not reach 4,000 env steps"
             time.sleep(0.1)
         before = learner.stats()
         assert before["slot_resets"] == 0 and before["learner_steps"] > 0

@@ -60,7 +60,8 @@ def test_errors_keep_their_type_and_partial_samples_are_not_lost(replay):
     start = time.monotonic()
     with pytest.raises(rt.RateLimiterTimeout) as caught:
         client.sample("q", 5, timeout_s=0.2)  # Only 3 items: the 3 taken come back.
-    assert 0.2 <= time.monotonic() - start < 2.0
+    # The lower bound is the behaviour; the upper one only says it did not hang (busy machines).
+    assert 0.2 <= time.monotonic() - start < 5.0
     np.testing.assert_array_equal(caught.value.partial.data["x"][:, 0], [0, 1, 2])
     assert client.info("q")["size"] == 0
 
@@ -69,7 +70,12 @@ def test_killed_node_raises_a_clear_error_not_a_hang(replay):
     client, raw, running = replay
     pid = raw.pid()
     pending = raw.futures.sample("q", 1)  # Blocks on the empty queue inside the node.
-    time.sleep(0.2)
+    # The kill must find the call in flight, waiting inside the node, or the test proves nothing.
+    deadline = time.monotonic() + 30
+    while client.info("q")["rate_limiter"]["blocked_samples"] != 1:
+        assert not pending.done(), f"the sample returned before the kill: {pending.result()}"
+        assert time.monotonic() < deadline, "the sample never waited inside the node"
+        time.sleep(0.01)
     os.kill(pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(ConnectionError, match="replay"):
