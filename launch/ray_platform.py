@@ -10,15 +10,20 @@ carry. Then its `run_node` call runs the node; the launcher long-polls each acto
 A restarted node gets a new actor pinned to the same Ray node and port, so its clients' address
 stays valid. Ray is imported only when this platform is used.
 
+Stopping kills every actor; the launcher then waits (bounded, then SIGKILL) until the processes
+of the actors on its own host have exited, since Ray's kill only asks.
+
 Group resources (`Program.group(..., resources=...)`): "CPU", "GPU", any custom resource, and
 "accelerator", which asks for that many GPUs when the cluster has GPUs and for nothing otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -32,6 +37,8 @@ from trellis.launch.node_context import NodeContext, Status
 _SECRET_BYTES = 32
 _STATUS_POLL_S = 0.5  # How long an actor holds a status long-poll open.
 _NODE_ACTOR_CONCURRENCY = 4  # run_node, a status poll and stop may all be in flight at once.
+_PID_TIMEOUT_S = 2.0  # How long live actors get to tell their pids at shutdown.
+_EXIT_TIMEOUT_S = 10.0  # How long killed actor processes on this host get to exit.
 
 
 class _NodeActor:
@@ -68,6 +75,10 @@ class _NodeActor:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def pid(self) -> int:
+        """The actor's process id (on its Ray node)."""
+        return os.getpid()
 
 
 @dataclasses.dataclass
@@ -232,10 +243,63 @@ class Backend:
                 break
             for status in self.poll(min(remaining, 0.1)):
                 on_status(status)
+        # ray.kill only asks: the processes of this host's actors are waited for (then
+        # SIGKILLed), so that none outlives the launch. Actors elsewhere are their Ray node's.
+        here = ray.get_runtime_context().get_node_id()
+        pids = _pids(ray, [a.handle for a in self._actors.values() if a.ray_node_id == here])
         for actor in self._actors.values():
             ray.kill(actor.handle, no_restart=True)
         if self._started_ray:
             ray.shutdown()
+        left = _wait_exited(pids, _EXIT_TIMEOUT_S)
+        if left:
+            print(f"[launch] killing Ray actor process(es) that did not exit within "
+                  f"{_EXIT_TIMEOUT_S:g} s: {', '.join(map(str, left))}", file=sys.stderr,
+                  flush=True)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _wait_exited(left, _EXIT_TIMEOUT_S)
+
+
+def _pids(ray: Any, handles: list[Any]) -> list[int]:
+    """The pids of the live actors among `handles` (dead ones and slow answers are skipped)."""
+    refs = [handle.pid.remote() for handle in handles]
+    if not refs:
+        return []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_PID_TIMEOUT_S)
+    pids = []
+    for ref in ready:
+        with contextlib.suppress(ray.exceptions.RayError):
+            pids.append(ray.get(ref))
+    return pids
+
+
+def _exited(pid: int) -> bool:
+    """Whether process `pid` (of this host) has exited; a zombie has (on Linux)."""
+    if not os.path.isdir("/proc/self"):  # Not Linux: ask the kernel.
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # It exists, as another user's process.
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_exited(pids: list[int], timeout_s: float) -> list[int]:
+    """Polls until every process of `pids` has exited or `timeout_s` passed; returns the rest."""
+    deadline = time.monotonic() + timeout_s
+    left = [pid for pid in pids if not _exited(pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [pid for pid in left if not _exited(pid)]
+    return left
 
 
 def _actor_options(resources: dict[str, float], cluster: dict[str, float]) -> dict[str, Any]:
