@@ -83,7 +83,7 @@ class Run:
             cwd=str(tmp_path), stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.seen: dict[int, str] = {}  # pid -> start time
+        self.seen: dict[int, tuple[str, str]] = {}  # pid -> (start time, command line)
         self._deadline = time.monotonic() + DEADLINE_S
 
     def watch(self) -> None:
@@ -93,7 +93,8 @@ class Run:
             for child in _children(pending.pop()):
                 start = _start_time(child)
                 if start is not None and child not in self.seen:
-                    self.seen[child] = start
+                    # Read now: an exiting process's command line reads empty.
+                    self.seen[child] = (start, _cmdline(child))
                 pending.append(child)
 
     def poll_until(self, condition, what: str) -> None:
@@ -120,7 +121,7 @@ class Run:
                 if "spawn_main" in _cmdline(pid) and "resource_tracker" not in _cmdline(pid)]
 
     def _alive(self, pid: int) -> bool:
-        return _start_time(pid) == self.seen[pid]
+        return _start_time(pid) == self.seen[pid][0]
 
     def finish(self) -> Finished:
         """Waits for run.py to return; what it printed and which of its processes are left."""
@@ -133,12 +134,12 @@ class Run:
         left = [pid for pid in self.seen if self._alive(pid)]
         # multiprocessing's resource tracker is no node: it ends when it reads EOF from its
         # pipe, i.e. just after run.py; it gets a deadline, the nodes none.
-        trackers = [pid for pid in left if "resource_tracker" in _cmdline(pid)]
-        described = [f"{pid} {_cmdline(pid)}" for pid in left if pid not in trackers]
+        trackers = [pid for pid in left if "resource_tracker" in self.seen[pid][1]]
         deadline = time.monotonic() + 10.0
         while any(self._alive(pid) for pid in trackers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        described += [f"{pid} {_cmdline(pid)}" for pid in trackers if self._alive(pid)]
+        described = [f"{pid} {self.seen[pid][1]}" for pid in left
+                     if pid not in trackers or self._alive(pid)]
         self._log.seek(0)
         out = self._log.read()
         self._log.close()
