@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import flax.linen as nn
 import flax.struct
@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trellis import reverb_tables as rt
 from trellis.agents.replay import TransitionReplay
 from trellis.builders.base import ArraySpec, Learner, Policy, QueueSpec
+from trellis.builders.config import AgentConfig, ReplayConfig
 from trellis.envs.specs import EnvSpec
 
 # --- Networks -------------------------------------------------------------------------
@@ -83,15 +84,7 @@ def diagonal_gaussian_log_prob(mean: jax.Array, log_std: jax.Array, x: jax.Array
 # --- Optimisation ---------------------------------------------------------------------
 
 
-class OptimizerConfig(Protocol):
-    """The optimizer's fields of an agent config."""
-
-    learning_rate: float
-    max_grad_norm: float
-    adam_eps: float
-
-
-def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+def make_optimizer(config: AgentConfig) -> optax.GradientTransformation:
     """Adam after global-norm gradient clipping, as `config` sets them."""
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
@@ -196,17 +189,6 @@ class DataParallelLearner:
         self._state = jax.device_put(state, self._replicated)
 
 
-class ReplayConfig(Protocol):
-    """The replay fields of an off-policy agent config (see `ReplayLearner`)."""
-
-    replay_size: int
-    min_replay_size: int
-    n_step: int
-    discount: float
-    updates_per_step: int
-    sample_batch_size: int
-
-
 class ReplayLearner(DataParallelLearner):
     """Host shell of an off-policy learner: unrolls in, replay, jitted SGD steps, priorities out.
 
@@ -278,14 +260,6 @@ class ReplayLearner(DataParallelLearner):
 # --- Builder --------------------------------------------------------------------------
 
 
-class QueueConfig(Protocol):
-    """The fields of an agent config that say how unrolls reach its learner."""
-
-    unroll_length: int
-    batch_size: int
-    max_queue_size: int
-
-
 class AgentBuilder(abc.ABC):
     """What every builder shares (the contract is `builders.base.Builder`).
 
@@ -298,11 +272,11 @@ class AgentBuilder(abc.ABC):
         `batch_size` and `max_queue_size`.
     """
 
-    def __init__(self, config: Any):
+    def __init__(self, config: AgentConfig):
         self.config = config
 
     def queue_spec(self) -> QueueSpec:
-        c: QueueConfig = self.config
+        c = self.config
         return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
 
     def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
