@@ -433,6 +433,10 @@ class TcpServer:
           The names of the connection threads still in a call after `timeout_s` (left running).
         """
         self._closed.set()
+        # On Linux, shutdown wakes a thread blocked in accept() at once; elsewhere the accept
+        # timeout bounds the wait. Without it every node's exit waited ~0.25 s on average.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._thread.join(timeout_s)
         with self._lock:
