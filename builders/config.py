@@ -73,7 +73,7 @@ class Setting:
       sequence: the field is `tuple[kind, ...]`.
       optional: None is allowed.
       default: the class's default.
-      help: the one-line description.
+      declaration: what `setting(...)` declared (help, bounds, choices).
     """
 
     name: str
@@ -81,8 +81,12 @@ class Setting:
     sequence: bool
     optional: bool
     default: Any
-    help: str
     declaration: _Declaration
+
+    @property
+    def help(self) -> str:
+        """The one-line description."""
+        return self.declaration.help
 
     def requirement(self) -> str:
         """What is allowed, in words: e.g. "an int >= 1", "one of 'local', 'replay'"."""
@@ -196,8 +200,7 @@ def settings(cls: type) -> tuple[Setting, ...]:
     for field in dataclasses.fields(cls):
         kind, sequence, optional = _annotation_kind(cls, field.name, hints[field.name])
         declaration = _declaration(cls, field.name)
-        out.append(Setting(field.name, kind, sequence, optional, field.default,
-                           declaration.help, declaration))
+        out.append(Setting(field.name, kind, sequence, optional, field.default, declaration))
     return tuple(out)
 
 

@@ -17,6 +17,9 @@ import time
 from typing import Any
 
 from trellis import launch
+from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
+from trellis.builders.curves import plot_run
+from trellis.builders.program import make_program
 from trellis.builders.progress import Progress
 from trellis.builders.rundir import (
     AGENT_CONFIG,
@@ -76,9 +79,6 @@ def run_experiment(
     Raises:
       builders.checkpointing.CheckpointError: `resume` and no readable checkpoint.
     """
-    from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
-    from trellis.builders.program import make_program
-
     os.makedirs(run_dir, exist_ok=True)
     step, resume_steps, resume_elapsed = None, None, 0.0
     if resume:
@@ -153,8 +153,6 @@ def run_experiment(
         summary["error"] = result.reason
     write_json(os.path.join(run_dir, SUMMARY), summary)
     try:
-        from trellis.builders.curves import plot_run
-
         plot_run(run_dir)
     except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.
         pass

@@ -22,6 +22,17 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
     sys.modules["trellis"] = types.ModuleType("trellis", f"Trellis from the clone at {_root}")
     sys.modules["trellis"].__path__ = [_root]
 
+import gymnasium as gym  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from trellis.builders.checkpointing import (  # noqa: E402
+    Checkpointer,
+    CheckpointError,
+    checkpoint_dir,
+)
+from trellis.builders.evaluation import run_episodes, summarize  # noqa: E402
+from trellis.launch import run  # noqa: E402
 from trellis.launch.flags import UsageError, load_run  # noqa: E402
 
 
@@ -58,11 +69,6 @@ def load_policy(run_dir: str, step: int | None = None):
     Raises:
       _Error: the run's config or checkpoint is missing or unreadable.
     """
-    import jax
-
-    from trellis.builders.checkpointing import Checkpointer, CheckpointError, checkpoint_dir
-    from trellis.launch import run
-
     try:  # The run's saved settings, as the run used them: no flags, no defaults re-parsed.
         builder, env_factory = run.build(load_run(run_dir))
     except (UsageError, ValueError) as e:
@@ -87,10 +93,6 @@ def load_policy(run_dir: str, step: int | None = None):
 
 
 def _record(policy, params, env_factory, episodes: int, seed: int, video_dir: str):
-    import gymnasium as gym
-    import jax
-    import numpy as np
-
     env = gym.make(env_factory.env_id, render_mode="rgb_array", **dict(env_factory.kwargs))
     try:
         env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True,
@@ -115,10 +117,6 @@ def _record(policy, params, env_factory, episodes: int, seed: int, video_dir: st
 
 def evaluate(args: argparse.Namespace) -> dict:
     """Restores, plays, and returns {return_mean, return_min, return_max, episodes, ...}."""
-    import jax
-
-    from trellis.builders.evaluation import run_episodes, summarize
-
     policy, params, env_factory, step, progress = load_policy(args.run_dir, args.step)
     if args.video:
         returns = _record(policy, params, env_factory, args.episodes, args.seed, args.video)

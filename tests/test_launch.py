@@ -205,7 +205,7 @@ def test_kill_minus_nine_is_an_error_and_breaks_calls_at_once():
         start = time.monotonic()
         with pytest.raises(ConnectionError, match="victim"):
             pending.result(timeout=10)
-        assert time.monotonic() - start < 5  # at once, not after the 30 s call
+        assert time.monotonic() - start < 2  # at once, not after the 30 s call
         result = running.wait(timeout=15)
     finally:
         running.stop()

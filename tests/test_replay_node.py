@@ -60,8 +60,9 @@ def test_errors_keep_their_type_and_partial_samples_are_not_lost(replay):
     start = time.monotonic()
     with pytest.raises(rt.RateLimiterTimeout) as caught:
         client.sample("q", 5, timeout_s=0.2)  # Only 3 items: the 3 taken come back.
-    # The lower bound is the behaviour; the upper one only says it did not hang (busy machines).
-    assert 0.2 <= time.monotonic() - start < 5.0
+    # The lower bound is the behaviour; the upper one (2 s, what a busy 2-core machine keeps)
+    # only says it did not hang.
+    assert 0.2 <= time.monotonic() - start < 2.0
     np.testing.assert_array_equal(caught.value.partial.data["x"][:, 0], [0, 1, 2])
     assert client.info("q")["size"] == 0
 

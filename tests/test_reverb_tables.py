@@ -360,8 +360,9 @@ def test_timeouts_raise_rate_limiter_timeout_in_time(make):
     with pytest.raises(rt.RateLimiterTimeout) as info:
         client.sample("t", 4, timeout_s=0.2)
     elapsed = time.monotonic() - start
-    # The lower bound is the behaviour; the upper one only says it did not hang (busy machines).
-    assert 0.2 <= elapsed < 5.0
+    # The lower bound is the behaviour; the upper one (2 s, what a busy 2-core machine keeps)
+    # only says it did not hang.
+    assert 0.2 <= elapsed < 2.0
     assert isinstance(info.value, TimeoutError)
     message = str(info.value)
     assert "'t'" in message and "sample" in message and "min_size_to_sample=5" in message
@@ -371,7 +372,7 @@ def test_timeouts_raise_rate_limiter_timeout_in_time(make):
     start = time.monotonic()
     with pytest.raises(rt.RateLimiterTimeout, match="'q'.*insert"):
         client.insert(item(1), {"q": 1.0}, timeout_s=0.2)
-    assert 0.2 <= time.monotonic() - start < 5.0
+    assert 0.2 <= time.monotonic() - start < 2.0
     assert client.info("q")["size"] == 1
 
 
