@@ -52,6 +52,11 @@ _HANDSHAKE_TIMEOUT_S = 10.0
 _CLOSE_TIMEOUT_S = 5.0
 # Below this size one `sendall` of header + payload saves a packet; above it the copy costs more.
 _COALESCE_BYTES = 64 * 1024
+# A frame header is checked against these before anything is allocated: a corrupt or hostile
+# header must not make a node reserve its announced size (the OS may grant it lazily and the
+# thread would then wait forever for bytes that never come).
+_MAX_MESSAGE_BYTES = 1 << 34  # 16 GiB: far above any params or unroll batch
+_MAX_BUFFERS = 1 << 16
 
 
 class RemoteError(RuntimeError):
@@ -542,6 +547,10 @@ class _AuthenticationError(Exception):
     pass
 
 
+class _FrameError(EOFError):
+    """A frame header out of bounds; the stream cannot be trusted, so the connection ends."""
+
+
 _FRAME = struct.Struct("!QI")  # pickle length, number of out-of-band buffers
 
 
@@ -571,7 +580,12 @@ def _recv_exact(sock: socket.socket, size: int) -> memoryview:
 
 def _recv_message(sock: socket.socket) -> _Message:
     size, count = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
+    if count > _MAX_BUFFERS:
+        raise _FrameError(f"frame announces {count} buffers (at most {_MAX_BUFFERS})")
     sizes = [n for (n,) in _HEADER.iter_unpack(_recv_exact(sock, _HEADER.size * count))]
+    if size + sum(sizes) > _MAX_MESSAGE_BYTES:
+        raise _FrameError(
+            f"frame announces {size + sum(sizes)} bytes (at most {_MAX_MESSAGE_BYTES})")
     payload = _recv_exact(sock, size)
     # Arrays unpickled from these buffers use them as their memory (writable, no copy).
     return payload, [_recv_exact(sock, n) for n in sizes]
