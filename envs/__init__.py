@@ -1,6 +1,8 @@
-"""Environments: factories for Gymnasium ids and env specs."""
+"""Environments: factories for Gymnasium and gymnax ids, and env specs."""
 
-from trellis.envs.factory import EnvFactory, UnknownEnvError
+from trellis.envs.factory import EnvFactory, UnknownEnvError, make_env_factory
+from trellis.envs.gymnax_envs import GymnaxFactory
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
-__all__ = ["EnvFactory", "EnvSpec", "UnknownEnvError", "spec_from_spaces"]
+__all__ = ["EnvFactory", "EnvSpec", "GymnaxFactory", "UnknownEnvError", "make_env_factory",
+           "spec_from_spaces"]

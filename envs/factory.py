@@ -12,14 +12,12 @@ from typing import Any
 
 import gymnasium as gym
 
+from trellis.envs.errors import UnknownEnvError
+from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 # Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium).
 _PLUGIN_MODULES = {"ALE/": "ale_py"}
-
-
-class UnknownEnvError(ValueError):
-    """The env id is not registered with Gymnasium (or its package is not installed)."""
 
 
 def _register_plugins(env_id: str) -> None:
@@ -33,6 +31,12 @@ def _register_plugins(env_id: str) -> None:
                 ) from e
 
 
+def make_env_factory(env_id: str) -> EnvFactory | GymnaxFactory:
+    """The factory for an id: "gymnax:ID" gives gymnax's env (JAX, for --platform=anakin),
+    anything else a Gymnasium id."""
+    return GymnaxFactory(env_id) if is_gymnax_id(env_id) else EnvFactory(env_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvFactory:
     """Builds Gymnasium envs for one id.
@@ -44,6 +48,8 @@ class EnvFactory:
 
     env_id: str
     kwargs: tuple[tuple[str, Any], ...] = ()
+
+    jax_native = False  # Stepped by env workers on the host, not inside jitted code.
 
     def validate(self) -> None:
         """Raises UnknownEnvError, naming close matches, when the id is not registered."""
@@ -83,6 +89,10 @@ class EnvFactory:
             raise RuntimeError(f"{self.env_id}: expected NEXT_STEP autoreset, got {autoreset}")
         envs.reset(seed=seed)
         return envs
+
+    def reward_threshold(self) -> float | None:
+        """The id's Gymnasium reward_threshold (what --stop_at_return=auto stops at)."""
+        return gym.spec(self.env_id).reward_threshold
 
     def spec(self) -> EnvSpec:
         """Spec of one env as the env workers see it (through `make_vector`).

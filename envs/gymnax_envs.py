@@ -1,0 +1,93 @@
+"""gymnax environments: `--env=gymnax:CartPole-v1` names gymnax's CartPole-v1.
+
+`GymnaxFactory.make` gives a `JaxEnv` (envs/jax_env.py) that steps inside jitted code, on the
+anakin platform (builders/anakin.py), with the Gymnasium path's step conventions.
+
+Nothing heavy at import time: envs/factory.py imports this module, and run.py imports that in
+every node process, where env workers must not load JAX. gymnax is an optional dependency
+(`pip install -e ".[gymnax]"`) imported only when a gymnax env is built: it loads matplotlib,
+seaborn and scipy, seconds that a Gymnasium run need not pay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import gymnasium
+
+from trellis.envs.errors import UnknownEnvError
+from trellis.envs.specs import EnvSpec, spec_from_spaces
+
+PREFIX = "gymnax:"
+
+
+class GymnaxUnavailableError(UnknownEnvError):
+    """gymnax is not installed."""
+
+
+def is_gymnax_id(env_id: str) -> bool:
+    return env_id.startswith(PREFIX)
+
+
+def _gymnax():
+    try:
+        import gymnax
+    except ImportError as e:
+        raise GymnaxUnavailableError(
+            "gymnax envs need the gymnax package: pip install -e '.[gymnax]'") from e
+    return gymnax
+
+
+@dataclasses.dataclass(frozen=True)
+class GymnaxFactory:
+    """Builds gymnax envs for one id.
+
+    Attributes:
+      env_id: "gymnax:" and a gymnax id, e.g. "gymnax:CartPole-v1", "gymnax:Breakout-MinAtar".
+      params: EnvParams fields to override, e.g. (("max_steps_in_episode", 10),).
+    """
+
+    env_id: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    # Which platforms can run it: only the anakin platform steps envs inside jitted code.
+    jax_native = True
+
+    @property
+    def gymnax_id(self) -> str:
+        return self.env_id[len(PREFIX):]
+
+    def validate(self) -> None:
+        """Raises UnknownEnvError (naming close matches) for an id gymnax does not register,
+        GymnaxUnavailableError when gymnax is not installed."""
+        registered = _gymnax().registered_envs
+        if self.gymnax_id in registered:
+            return
+        close = difflib.get_close_matches(self.gymnax_id, registered, n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(PREFIX + c for c in close)}?" if close else ""
+        raise UnknownEnvError(f"unknown env {self.env_id!r}: not a gymnax id.{hint}")
+
+    def make(self):
+        """The env as a `jax_env.JaxEnv` (JAX loaded here, not at import time)."""
+        from trellis.envs.jax_env import JaxEnv
+
+        self.validate()
+        env, params = _gymnax().make(self.gymnax_id)
+        return JaxEnv(env, params.replace(**dict(self.params)) if self.params else params)
+
+    def spec(self) -> EnvSpec:
+        """The spec as for a Gymnasium env, from gymnax's spaces converted to Gymnasium's."""
+        jax_env = self.make()
+        convert = _gymnax().environments.spaces.gymnax_space_to_gym_space
+        return spec_from_spaces(convert(jax_env.env.observation_space(jax_env.params)),
+                                convert(jax_env.env.action_space(jax_env.params)))
+
+    def reward_threshold(self) -> float | None:
+        """The Gymnasium reward_threshold of the same-named Gymnasium id (475 for
+        CartPole-v1), or None when Gymnasium has no such id."""
+        try:
+            return gymnasium.spec(self.gymnax_id).reward_threshold
+        except gymnasium.error.Error:
+            return None
