@@ -232,6 +232,7 @@ class Config:
 
 
 UNROLL_QUEUES = ("local", "replay")
+TRANSPORTS = ("shm", "socket")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +254,9 @@ class ExperimentConfig(Config):
         100, "episodes in the mean return used for stopping and reports", ge=1)
     inference_timeout_ms: float = setting(
         2.0, "inference batching: wait at most this long for more workers to join a batch", ge=0)
+    transport: str = setting(
+        "shm", "how env workers on the learner's host reach inference: shared memory (shm; the "
+        "socket where it cannot be had) or the RPC socket (socket)", choices=TRANSPORTS)
     seed: int = setting(0, "root seed of the run (env workers, learner, evaluator)", ge=0)
     log_every_s: float = setting(1.0, "seconds between progress lines and metrics records", gt=0)
     learn: bool = setting(
