@@ -152,6 +152,9 @@ class DataParallelLearner:
                 f"devices ({len(devices)}) to shard the batch evenly."
             )
         self.mesh = Mesh(np.array(devices), ("data",))
+        # The pure pieces, kept for the anakin platform (builders/anakin.py), which jits them
+        # into its own act-and-learn program.
+        self.init, self.make_update = init, make_update
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         self._state = jax.jit(init, out_shardings=replicated)(key)
