@@ -96,6 +96,50 @@ class UnrollFeed:
         return self._unrolls.size()
 
 
+class NonFiniteLossError(RuntimeError):
+    """A learner update gave NaN or Inf metrics; the run stops without checkpointing it."""
+
+
+class FiniteCheck:
+    """Checks each learner update's metrics for NaN and Inf, one update late.
+
+    Reading an update's metrics waits for it on the device; reading the previous one's while
+    the newest runs keeps the learner loop from stalling on every step.
+    """
+
+    def __init__(self):
+        self._pending: tuple[Any, int] | None = None
+
+    def add(self, metrics: dict[str, Any], learner_step: int) -> None:
+        """Checks the update added before, then keeps this one (`learner_step`) for later.
+
+        Raises:
+          NonFiniteLossError: the update added before gave a NaN or Inf metric.
+        """
+        self.check()
+        self._pending = (metrics, learner_step)
+
+    def check(self) -> None:
+        """Checks the update added last, if not checked yet.
+
+        Raises:
+          NonFiniteLossError: its metrics hold a NaN or an Inf; the message names the step.
+        """
+        if self._pending is None:
+            return
+        metrics, step = self._pending
+        self._pending = None
+        bad = {name: value for name, value in jax.device_get(metrics).items()
+               if not np.all(np.isfinite(value))}
+        if bad:
+            values = ", ".join(f"{name}={np.asarray(value).tolist()}"
+                               for name, value in sorted(bad.items()))
+            raise NonFiniteLossError(
+                f"learner step {step} gave non-finite metrics ({values}); stopped without "
+                f"checkpointing it, the last good checkpoint is kept (a lower --learning_rate "
+                f"may help)")
+
+
 class LearnerNode:
     """Service node: central inference for the env workers, and the learner loop in `run()`.
 
@@ -159,6 +203,7 @@ class LearnerNode:
             stop=self._stop,
             timeout_s=config.inference_timeout_ms / 1000.0,
         )
+        self._finite = FiniteCheck()
         self._metrics: dict[str, float] = {}
         self._evaluation: dict[str, Any] | None = None
 
@@ -234,7 +279,8 @@ class LearnerNode:
     def _train(self) -> str | None:
         """Learner updates until the stop rule gives its reason, or None if stopped outside."""
         while not self._stop.is_set():
-            reason = self._stop_rule(self._counter.snapshot())
+            snapshot = self._counter.snapshot()
+            reason = self._stop_rule(snapshot)
             if reason is not None:
                 return reason
             if self._checkpoint_timer.due():
@@ -245,6 +291,8 @@ class LearnerNode:
             metrics = self._learner.step(batch)
             self._inference.set_params(self._learner.params)
             self._counter.add_learner_step()
+            # Learner steps change only on this thread: this update is the snapshot's next.
+            self._finite.add(metrics, snapshot.learner_steps + 1)
             if self._log_timer.due():
                 self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         return None
@@ -255,6 +303,7 @@ class LearnerNode:
         Call on the learner thread: the state and the learner-step count only change there,
         so a snapshot taken on it matches the state.
         """
+        self._finite.check()  # A state that went NaN must not replace the last good one.
         if self._checkpointer is None:
             return
         state = self._learner.state
