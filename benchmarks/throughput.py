@@ -4,8 +4,11 @@
   (b) inference:  env workers + central inference, learning off (unrolls drained)
   (c) impala:     the full IMPALA pipeline (inference + learner)
 
+(b) and (c) run once per transport between env workers and inference: shared memory (shm)
+and the RPC socket (socket).
+
 Usage: python benchmarks/throughput.py [--env CartPole-v1] [--num_actors 2]
-       [--envs_per_actor 32] [--env_steps 200000]
+       [--envs_per_actor 32] [--env_steps 300000] [--transports shm,socket]
 Prints a table, then one JSON object with every figure as the last line.
 """
 
@@ -39,7 +42,7 @@ def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) 
     return rate
 
 
-def pipeline(factory: EnvFactory, platform_name: str, args, learn: bool) -> dict:
+def pipeline(factory: EnvFactory, platform_name: str, transport: str, args, learn: bool) -> dict:
     """Runs the program to the step budget; steps/s measured by the learner node.
 
     The rate counts from the learner node's start (after JAX import and program start-up,
@@ -51,6 +54,7 @@ def pipeline(factory: EnvFactory, platform_name: str, args, learn: bool) -> dict
         total_env_steps=args.env_steps,
         seed=0,
         learn=learn,
+        transport=transport,
     )
     builder = ImpalaBuilder(ImpalaConfig())
     program = make_program(builder, factory, config, name="throughput")
@@ -75,7 +79,10 @@ def main() -> None:
     p.add_argument("--env_steps", type=int, default=300_000)
     p.add_argument("--env_seconds", type=float, default=3.0)
     p.add_argument("--platforms", default="local_mt,local_mp")
+    p.add_argument("--transports", default="shm,socket")
     args = p.parse_args()
+    runs = [(platform_name, transport) for platform_name in args.platforms.split(",")
+            for transport in args.transports.split(",")]
 
     factory = EnvFactory(args.env)
     results: dict = {
@@ -85,23 +92,22 @@ def main() -> None:
         "machine": f"{platform.machine()}, {cpu_count()} cores",
         "env_only_steps_per_s": env_only(factory, args.envs_per_actor, args.env_seconds),
     }
-    for name in args.platforms.split(","):
+    for name, transport in runs:
         for stage, learn in (("inference", False), ("impala", True)):
-            print(f"running {stage} on {name} ...", flush=True)
-            results[f"{name}/{stage}"] = pipeline(factory, name, args, learn)
+            print(f"running {stage} on {name} over {transport} ...", flush=True)
+            results[f"{name}/{transport}/{stage}"] = pipeline(factory, name, transport, args,
+                                                              learn)
 
     print()
     print(f"{args.env}, {args.num_actors} env workers x {args.envs_per_actor} envs")
-    print(f"{'stage':<28}{'env steps/s':>14}{'learner steps/s':>18}")
-    print(f"{'(a) env alone, 1 worker':<28}{results['env_only_steps_per_s']:>14,.0f}{'-':>18}")
-    for name in args.platforms.split(","):
+    print(f"{'stage':<36}{'env steps/s':>14}{'learner steps/s':>18}")
+    print(f"{'(a) env alone, 1 worker':<36}{results['env_only_steps_per_s']:>14,.0f}{'-':>18}")
+    for name, transport in runs:
         for stage, label in (("inference", "(b) + inference"), ("impala", "(c) full IMPALA")):
-            r = results[f"{name}/{stage}"]
-            row = f"{label}, {name}"
-            print(f"{row:<28}{r['env_steps_per_s']:>14,.0f}{r['learner_steps_per_s']:>18,.1f}")
+            r = results[f"{name}/{transport}/{stage}"]
+            row = f"{label}, {name}, {transport}"
+            print(f"{row:<36}{r['env_steps_per_s']:>14,.0f}{r['learner_steps_per_s']:>18,.1f}")
     print(json.dumps(rounded(results)))
-
-
 
 
 if __name__ == "__main__":
