@@ -63,13 +63,108 @@ class ConvTorso(nn.Module):
         return x.reshape(batch_shape + (self.hidden_size,))
 
 
+class ResidualBlock(nn.Module):
+    """relu, conv 3x3, relu, conv 3x3, plus the input (Espeholt et al., 2018, Figure 3)."""
+
+    @nn.compact
+    def __call__(self, x):  # [N, H, W, C]
+        channels = x.shape[-1]
+        y = nn.Conv(channels, (3, 3))(nn.relu(x))
+        y = nn.Conv(channels, (3, 3))(nn.relu(y))
+        return x + y
+
+
+class ImpalaResNetTorso(nn.Module):
+    """The deep residual torso of the IMPALA paper (Espeholt et al., 2018, Figure 3, right).
+
+    Three sections of conv 3x3 + max-pool 3x3 stride 2 + two residual blocks, with 16, 32
+    and 32 channels, then relu and a Dense layer of `hidden_size` (256 in the paper), for
+    uint8 frames [H, W, C] or [C, H, W].
+    """
+
+    channels_first: bool = False
+    channels: Sequence[int] = (16, 32, 32)
+    hidden_size: int = 256
+
+    @nn.compact
+    def __call__(self, x):  # [..., H, W, C] or [..., C, H, W]
+        batch_shape = x.shape[:-3]
+        x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32) / 255.0
+        if self.channels_first:
+            x = jnp.moveaxis(x, 1, -1)
+        for channels in self.channels:
+            x = nn.Conv(channels, (3, 3))(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = ResidualBlock()(x)
+            x = ResidualBlock()(x)
+        x = nn.relu(x).reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(self.hidden_size)(x))
+        return x.reshape(batch_shape + (self.hidden_size,))
+
+
+def channels_first(spec: EnvSpec) -> bool:
+    """Whether pixel observations put channels first."""
+    # Frames are wider than deep: ALE's vector env stacks [4, 84, 84], wrappers give HWC.
+    return spec.observation_shape[0] < spec.observation_shape[-1]
+
+
 def make_torso(spec: EnvSpec, hidden_sizes: Sequence[int]) -> nn.Module:
     """A conv torso for pixel observations, otherwise an MLP with `hidden_sizes`."""
     if spec.pixels:
-        # Frames are wider than deep: ALE's vector env stacks [4, 84, 84], wrappers give HWC.
-        channels_first = spec.observation_shape[0] < spec.observation_shape[-1]
-        return ConvTorso(channels_first=channels_first)
+        return ConvTorso(channels_first=channels_first(spec))
     return MLPTorso(tuple(hidden_sizes))
+
+
+# --- Recurrent core -------------------------------------------------------------------
+
+LSTMState = dict[str, jax.Array]  # {"c": [B, H], "h": [B, H]}: cell and hidden state.
+
+
+def reset_where(first: jax.Array, state: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """`state` with the rows where `first` [B] is set replaced by zeros."""
+    def reset(s):
+        rows = first.reshape(first.shape + (1,) * (s.ndim - first.ndim))
+        return jnp.where(rows, jnp.zeros_like(s), s)
+
+    return {name: reset(s) for name, s in state.items()}
+
+
+class _ResettingLSTMCell(nn.Module):
+    """One LSTM step that first zeroes the rows of the carry where a new episode starts."""
+
+    hidden_size: int
+
+    @nn.compact
+    def __call__(self, carry, inputs):
+        x, first = inputs  # [B, D], [B]
+        c, h = (reset_where(first, {"c": carry[0], "h": carry[1]})[k] for k in ("c", "h"))
+        return nn.OptimizedLSTMCell(self.hidden_size)((c, h), x)
+
+
+class LSTMCore(nn.Module):
+    """An LSTM unrolled over time that restarts from zeros wherever `first` is set.
+
+    Call: `core(state, x[T, B, D], first[T, B]) -> (new_state, y[T, B, hidden_size])`, with
+    `state` = {"c": [B, H], "h": [B, H]} (`lstm_initial_state`; other keys are ignored and not
+    returned) the state before step 0. Step t uses zeros instead of the carried state where
+    `first[t]` is set, so an acting policy (T = 1 per call, carrying the state) and a learner
+    unrolling [T, B] from the state recorded at step 0 compute the same outputs.
+    """
+
+    hidden_size: int
+
+    @nn.compact
+    def __call__(self, state: Mapping[str, jax.Array], x: jax.Array,
+                 first: jax.Array) -> tuple[LSTMState, jax.Array]:
+        scan = nn.scan(_ResettingLSTMCell, variable_broadcast="params",
+                       split_rngs={"params": False}, in_axes=0, out_axes=0)
+        (c, h), y = scan(self.hidden_size, name="lstm")((state["c"], state["h"]), (x, first))
+        return {"c": c, "h": h}, y
+
+
+def lstm_initial_state(num_slots: int, hidden_size: int) -> dict[str, np.ndarray]:
+    """Zero LSTM state {"c", "h"} [num_slots, hidden_size], as `LSTMCore` resets to."""
+    return {name: np.zeros((num_slots, hidden_size), np.float32) for name in ("c", "h")}
 
 
 # --- Distributions --------------------------------------------------------------------
@@ -266,8 +361,9 @@ class ReplayLearner(DataParallelLearner):
 class AgentBuilder(abc.ABC):
     """What every builder shares (the contract is `builders.base.Builder`).
 
-    A subclass writes `make_networks`, `make_policy` and `make_learner`, and `extras_spec`
-    when its policy records something beside the action. Acting is SEED-style: the central
+    A subclass writes `make_networks`, `make_policy` and `make_learner`, `extras_spec`
+    when its policy records something beside the action, and `initial_state` when its policy
+    is recurrent. Acting is SEED-style: the central
     inference server runs the policy and records the unrolls.
 
     Args:
@@ -287,13 +383,19 @@ class AgentBuilder(abc.ABC):
         del spec
         return {}
 
+    def initial_state(self, spec: EnvSpec, num_slots: int) -> dict[str, np.ndarray]:
+        """Every env slot's initial policy state: none ({}, feed-forward) unless overridden."""
+        del spec, num_slots
+        return {}
+
     @abc.abstractmethod
     def make_networks(self, spec: EnvSpec) -> Any:
         """The agent's networks for an env with `spec`."""
 
     @abc.abstractmethod
     def make_policy(self, networks: Any, evaluation: bool = False) -> Policy:
-        """`policy(params, key, obs[N, ...]) -> (actions[N, ...], extras)`."""
+        """`policy(params, key, obs[N, ...], state, first[N]) -> (actions[N, ...], extras,
+        new_state)` (`builders.base.Policy`)."""
 
     @abc.abstractmethod
     def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array) -> Learner:

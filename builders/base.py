@@ -18,7 +18,11 @@ from trellis.envs.specs import EnvSpec
 from trellis.reverb_tables.spec import ArraySpec
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
-__all__ = ["ArraySpec", "Builder", "Learner", "Policy", "QueueSpec"]
+__all__ = ["STATE_PREFIX", "ArraySpec", "Builder", "Learner", "Policy", "QueueSpec", "State",
+           "recorded_state", "state_specs"]
+
+# Recorded unrolls carry the policy state at their first step as fields "state/<name>".
+STATE_PREFIX = "state/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,20 +30,55 @@ class QueueSpec:
     """How unrolls flow from inference to the learner.
 
     Attributes:
-      unroll_length: T; each unroll holds T + 1 steps (the last one is repeated as the first
-        of the next unroll, so every transition is learned from once).
+      unroll_length: T; each unroll holds T + 1 steps.
       batch_size: B, unrolls per learner step.
       max_batches: bound of the queue in learner batches; when full, inference blocks,
         which bounds policy lag instead of dropping data.
+      overlap: how many steps the next unroll repeats from the end of the previous one. 1
+        (the last step repeated as the next first) learns from every transition once; a
+        recurrent replay agent repeats more, e.g. half its sequence, as a burn-in.
+
+    Raises:
+      ValueError: `overlap` outside [1, unroll_length].
     """
 
     unroll_length: int
     batch_size: int
     max_batches: int
+    overlap: int = 1
+
+    def __post_init__(self):
+        if not 1 <= self.overlap <= self.unroll_length:
+            raise ValueError(
+                f"overlap={self.overlap} must be in [1, unroll_length={self.unroll_length}]")
 
 
-# policy(params, key, obs[N, ...]) -> (actions[N, ...], extras: {name: [N, ...]})
-Policy = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+# A policy's recurrent state: {name: [N, ...]}, one row per env slot; {} when feed-forward.
+State = Mapping[str, jax.Array]
+
+# policy(params, key, obs[N, ...], state, first[N]) -> (actions[N, ...], extras, new_state).
+# extras: {name: [N, ...]}. The policy resets the rows of `state` where `first` is set before
+# using them (the learner's unroll does the same), so actor and learner see the same state.
+Policy = Callable[
+    [Any, jax.Array, jax.Array, State, jax.Array],
+    tuple[jax.Array, Mapping[str, jax.Array], State],
+]
+
+
+def recorded_state(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy state at the first step of each unroll of a batch: {name: [B, ...]}.
+
+    Unrolls hold it as the fields `state/<name>` [1, B, ...] (see `state_specs`); {} when
+    the policy is feed-forward.
+    """
+    return {name.removeprefix(STATE_PREFIX): v[0] for name, v in batch.items()
+            if name.startswith(STATE_PREFIX)}
+
+
+def state_specs(initial_state: Mapping[str, np.ndarray]) -> dict[str, ArraySpec]:
+    """The recorded fields `state/<name>` of one slot, from `Builder.initial_state` rows."""
+    return {STATE_PREFIX + name: ArraySpec(tuple(v.shape[1:]), str(v.dtype))
+            for name, v in initial_state.items()}
 
 
 class Learner(Protocol):
@@ -71,5 +110,12 @@ class Builder(Protocol):
     def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]: ...
 
     def make_policy(self, networks: Any, evaluation: bool = False) -> Policy: ...
+
+    def initial_state(self, spec: EnvSpec, num_slots: int) -> dict[str, np.ndarray]:
+        """Every env slot's initial policy state {name: [num_slots, ...]}; {} if feed-forward.
+
+        Slot = worker_id * K + env index; values may differ per slot.
+        """
+        ...
 
     def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array) -> Learner: ...

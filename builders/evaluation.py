@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -22,18 +22,21 @@ def run_episodes(
     num_episodes: int,
     key: jax.Array,
     seed: int,
+    initial_state: Mapping[str, np.ndarray],
     should_stop: Callable[[], bool] | None = None,
 ) -> list[float]:
     """Plays one episode in each of the `num_episodes` envs of a vector env; their returns.
 
     Args:
-      policy: jitted `policy(params, key, obs[N]) -> (actions[N], extras)`.
+      policy: jitted `policy(params, key, obs[N], state, first[N]) -> (actions[N], extras,
+        state)` (`builders.base.Policy`).
       params: the policy's params.
       envs: a Gymnasium vector env of `num_episodes` envs with next-step autoreset (after an
         env's episode ends it is ignored, so each env contributes exactly one episode).
       num_episodes: the vector env's size.
       key: RNG key for stochastic policies.
       seed: reset seed, so that evaluations at different times see the same start states.
+      initial_state: the policy's state for the `num_episodes` envs (`Builder.initial_state`).
       should_stop: polled every step; when it returns True the episodes are cut short.
 
     Returns:
@@ -42,9 +45,11 @@ def run_episodes(
     obs, _ = envs.reset(seed=seed)
     returns = np.zeros(num_episodes, np.float64)
     running = np.ones(num_episodes, bool)
+    state, first = dict(initial_state), np.ones(num_episodes, bool)
     while running.any() and not (should_stop is not None and should_stop()):
         key, step_key = jax.random.split(key)
-        actions, _ = policy(params, step_key, obs)
+        actions, _, state = policy(params, step_key, obs, state, first)
+        first = np.zeros(num_episodes, bool)  # One episode per env: no later starts count.
         obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions))
         returns += np.where(running, reward, 0.0)
         running &= ~(np.asarray(terminated) | np.asarray(truncated))
@@ -88,6 +93,7 @@ class Evaluator:
         spec = self._factory.spec()
         policy = jax.jit(self._builder.make_policy(self._builder.make_networks(spec),
                                                    evaluation=True))
+        initial_state = self._builder.initial_state(spec, config.eval_episodes)
         seed = config.seed * 10_007 + 9_973  # Apart from every env worker's seeds.
         envs = self._factory.make_vector(config.eval_episodes, seed=seed)
         key = jax.random.PRNGKey(seed)
@@ -103,7 +109,7 @@ class Evaluator:
                 start = time.monotonic()
                 key, eval_key = jax.random.split(key)
                 returns = run_episodes(policy, params, envs, config.eval_episodes, eval_key, seed,
-                                       should_stop=stop.is_set)
+                                       initial_state, should_stop=stop.is_set)
                 if stop.is_set():
                     return
                 result = summarize(returns)

@@ -6,11 +6,17 @@ the first one, runs the jitted policy once on the concatenation, and replies to 
 worker with its slice. What the policy saw and did is written into per-slot unroll buffers
 on this side (env workers stay stateless); each full unroll of T + 1 steps goes to the
 learner through `on_unroll`.
+
+A recurrent policy's state lives here too, on the device, one row per env slot (SEED RL): the
+jitted call that picks the actions also gathers the batch's rows and scatters the new state
+back, so the state never visits the host on the way; it is fetched only when an unroll
+starts, to be recorded with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -19,15 +25,17 @@ from collections.abc import Callable, Mapping
 import jax
 import numpy as np
 
-from trellis.builders.base import ArraySpec, Policy
+from trellis.builders.base import STATE_PREFIX, ArraySpec, Policy, State, state_specs
 from trellis.envs.specs import EnvSpec
 
 
-def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec]) -> dict[str, ArraySpec]:
+def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec],
+               initial_state: Mapping[str, np.ndarray] | None = None) -> dict[str, ArraySpec]:
     """The fields of one recorded step, as stored in unrolls.
 
-    How the observation was reached (reward, terminated, truncated, first) and what the
-    policy did there (action, extras).
+    How the observation was reached (reward, terminated, truncated, first), what the policy
+    did there (action, extras) and, for a stateful policy, the fields `state/<name>` of its
+    state (`Builder.initial_state` rows give their specs), recorded once per unroll.
     """
     return {
         "obs": ArraySpec(spec.observation_shape, spec.observation_dtype),
@@ -37,6 +45,7 @@ def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec]) -> dict[str, Arra
         "first": ArraySpec((), "bool"),
         "action": ArraySpec(spec.action_shape, spec.action_dtype),
         **extras,
+        **state_specs(initial_state or {}),
     }
 
 
@@ -54,8 +63,13 @@ class UnrollRecorder:
     """Per-worker unroll buffers [T + 1, K, ...]; emits a copy when one is full.
 
     A worker's K envs advance in lockstep, so one time index per worker suffices. The last
-    step of an unroll is kept as the first of the next. A new run id for a worker (the
-    process restarted) drops its partial unroll, so no unroll spans two runs.
+    `overlap` steps of an unroll are kept as the first of the next. A new run id for a worker
+    (the process restarted) drops its partial unroll, so no unroll spans two runs.
+
+    Fields named `state/<name>` are not per step: an unroll holds them once, [1, K, ...], as
+    the policy state at its first step. `record` asks for the state (a callable, so it is
+    fetched from the device only then) at the steps where an unroll begins: a run's first
+    step, and the step `overlap` from the end, which the next unroll starts with.
     """
 
     def __init__(
@@ -65,32 +79,59 @@ class UnrollRecorder:
         envs_per_worker: int,
         unroll_length: int,
         on_unroll: Callable[[dict[str, np.ndarray]], None],
+        overlap: int = 1,
     ):
-        self._buffers = {
-            name: s.zeros((num_workers, unroll_length + 1, envs_per_worker))
-            for name, s in specs.items()
-        }
+        def buffers(length: int, is_state: bool) -> dict[str, np.ndarray]:
+            return {name: s.zeros((num_workers, length, envs_per_worker))
+                    for name, s in specs.items() if name.startswith(STATE_PREFIX) == is_state}
+
+        self._buffers = buffers(unroll_length + 1, is_state=False)
+        self._state = buffers(1, is_state=True)  # At the current unroll's first step.
+        self._next_state = buffers(1, is_state=True)  # At the next unroll's first step.
         self._t = np.zeros(num_workers, np.int64)
         self._run_ids: list[int | None] = [None] * num_workers
         self._length = unroll_length + 1
+        self._overlap = overlap
         self._on_unroll = on_unroll
         self.resets = 0
 
-    def record(self, worker_id: int, run_id: int, step: Mapping[str, np.ndarray]) -> None:
-        if self._run_ids[worker_id] != run_id:
+    def is_new_run(self, worker_id: int, run_id: int) -> bool:
+        """Whether `run_id` is not the run this worker's buffers hold (a start or a restart)."""
+        return self._run_ids[worker_id] != run_id
+
+    def record(self, worker_id: int, run_id: int, step: Mapping[str, np.ndarray],
+               state: Callable[[], Mapping[str, np.ndarray]] | None = None) -> None:
+        """Writes one step of worker `worker_id`'s K envs; emits the unroll it completes.
+
+        Args:
+          worker_id, run_id: whose step; a new run id restarts the worker's unroll.
+          step: {field: [K, ...]} for every per-step field.
+          state: returns the policy state {name: [K, ...]} that this step started from;
+            called only where an unroll begins, and needed when `state/` fields are recorded.
+        """
+        if self.is_new_run(worker_id, run_id):
             if self._run_ids[worker_id] is not None:
                 self.resets += 1
             self._run_ids[worker_id] = run_id
             self._t[worker_id] = 0
         t = self._t[worker_id]
+        if self._state and t in (0, self._length - self._overlap):
+            rows = state()
+            target = self._state if t == 0 else self._next_state
+            for name, buffer in target.items():
+                buffer[worker_id, 0] = rows[name.removeprefix(STATE_PREFIX)]
         for name, buffer in self._buffers.items():
             buffer[worker_id, t] = step[name]
         t += 1
         if t == self._length:
-            self._on_unroll({name: b[worker_id].copy() for name, b in self._buffers.items()})
+            unroll = {name: b[worker_id].copy() for name, b in self._buffers.items()}
+            unroll.update({name: b[worker_id].copy() for name, b in self._state.items()})
+            self._on_unroll(unroll)
             for buffer in self._buffers.values():
-                buffer[worker_id, 0] = buffer[worker_id, -1]
-            t = 1
+                buffer[worker_id, :self._overlap] = buffer[worker_id, -self._overlap:]
+            for name, buffer in self._state.items():
+                buffer[worker_id] = self._next_state[name][worker_id]
+            t = self._overlap
         self._t[worker_id] = t
 
 
@@ -99,11 +140,42 @@ def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _act(policy: Policy, params, key, obs, first):
+    """A feed-forward policy's step: nothing to gather or scatter."""
+    actions, extras, _ = policy(params, key, obs, {}, first)
+    return actions, extras
+
+
+def _act_with_state(policy: Policy, params, key, obs, first, slots, state: State):
+    """A stateful policy's step on the rows `slots` [N] of every slot's `state` [S, ...].
+
+    Padding rows carry slot S (out of range): their gather reads some row (clipped) and
+    their scatter is dropped. Returns the rows used too, for the recorder.
+    """
+    rows = {name: s.at[slots].get(mode="clip") for name, s in state.items()}
+    actions, extras, new_rows = policy(params, key, obs, rows, first)
+    state = {name: s.at[slots].set(new_rows[name], mode="drop") for name, s in state.items()}
+    return actions, extras, state, rows
+
+
+def _reset_rows(state: State, initial: State, slots) -> State:
+    """`state` with the rows `slots` back at their initial values."""
+    return {name: s.at[slots].set(initial[name][slots]) for name, s in state.items()}
+
+
+def _padded(x: np.ndarray, n: int) -> np.ndarray:
+    """`x` [M, ...] zero-padded to [n, ...]."""
+    out = np.zeros((n,) + x.shape[1:], x.dtype)
+    out[:len(x)] = x
+    return out
+
+
 class InferenceServer:
     """Batches policy calls from many env workers and records their unrolls.
 
     Args:
-      policy: jitted `policy(params, key, obs[N]) -> (actions[N], extras)`.
+      policy: `policy(params, key, obs[N], state, first[N]) -> (actions[N], extras,
+        new_state)` (`builders.base.Policy`); jitted here, with the state's gather and scatter.
       params: initial params (replace with `set_params`; read by reference, no copy).
       key: RNG key, split once per batch.
       specs: recorded fields (see `step_specs`).
@@ -113,6 +185,9 @@ class InferenceServer:
       max_batch: envs per policy call at most (default: all of them).
       timeout_s: how long a batch waits for more workers after its first request.
       stop: an event; once set, pending and new requests get `None` instead of actions.
+      initial_state: every slot's initial policy state {name: [num_workers * K, ...]}
+        (`Builder.initial_state`); None or {} for a feed-forward policy.
+      overlap: steps repeated between consecutive unrolls (`QueueSpec.overlap`).
     """
 
     def __init__(
@@ -128,8 +203,9 @@ class InferenceServer:
         stop: threading.Event,
         max_batch: int | None = None,
         timeout_s: float = 0.002,
+        initial_state: Mapping[str, np.ndarray] | None = None,
+        overlap: int = 1,
     ):
-        self._policy = policy
         self._params = params
         self._key = key
         self._specs = dict(specs)
@@ -140,8 +216,16 @@ class InferenceServer:
         self._stop = stop
         self._requests: queue.Queue[_Request] = queue.Queue()
         self._recorder = UnrollRecorder(
-            self._specs, num_workers, envs_per_worker, unroll_length, on_unroll
+            self._specs, num_workers, envs_per_worker, unroll_length, on_unroll, overlap
         )
+        # The state lives on the device; each step donates its buffers to the next.
+        self._initial = {name: jax.device_put(v) for name, v in (initial_state or {}).items()}
+        self._state = {name: v.copy() for name, v in self._initial.items()}
+        if self._state:
+            self._act = jax.jit(functools.partial(_act_with_state, policy), donate_argnums=5)
+            self._reset = jax.jit(_reset_rows, donate_argnums=0)
+        else:
+            self._act = jax.jit(functools.partial(_act, policy))
         # Not a daemon: the interpreter joins it at exit (it ends once `stop` is set). A daemon
         # thread still inside a JAX call when the interpreter finalizes is unwound by
         # pthread_exit through XLA's C++ frames, which aborts the process with "terminate
@@ -238,20 +322,33 @@ class InferenceServer:
                 raise
 
     def _infer(self, batch: list[_Request]) -> None:
-        n = len(batch) * self._k
-        obs = np.concatenate([r.data["obs"] for r in batch])
-        padded = np.zeros((_bucket(n),) + obs.shape[1:], obs.dtype)
-        padded[:n] = obs
+        n, padded_n = len(batch) * self._k, _bucket(len(batch) * self._k)
+        obs = _padded(np.concatenate([r.data["obs"] for r in batch]), padded_n)
+        first = _padded(np.concatenate([r.data["first"] for r in batch]), padded_n)
         self._key, key = jax.random.split(self._key)
-        actions, extras = self._policy(self._params, key, padded)
+        state_rows = None
+        if self._state:
+            slots = np.full(padded_n, self._num_workers * self._k, np.int32)
+            for i, request in enumerate(batch):
+                worker_slots = np.arange(self._k) + request.worker_id * self._k
+                slots[i * self._k:(i + 1) * self._k] = worker_slots
+                if self._recorder.is_new_run(request.worker_id, request.run_id):
+                    self._state = self._reset(self._state, self._initial, worker_slots)
+            actions, extras, self._state, state_rows = self._act(
+                self._params, key, obs, first, slots, self._state)
+        else:
+            actions, extras = self._act(self._params, key, obs, first)
         actions = np.asarray(actions)[:n]
         extras = {name: np.asarray(v)[:n] for name, v in extras.items()}
+        host_rows = functools.cache(lambda: jax.device_get(state_rows))
         for i, request in enumerate(batch):
             rows = slice(i * self._k, (i + 1) * self._k)
             request.actions = actions[rows]
             step = dict(request.data, action=request.actions)
             step.update({name: v[rows] for name, v in extras.items()})
-            self._recorder.record(request.worker_id, request.run_id, step)
+            self._recorder.record(
+                request.worker_id, request.run_id, step,
+                state=lambda rows=rows: {k: v[rows] for k, v in host_rows().items()})
             request.done.set()
         self.batches += 1
         self.steps += n

@@ -191,17 +191,20 @@ class LearnerNode:
         self._stop = launch.stop_event()
         self._feed = UnrollFeed(_unroll_queue(queue_spec, config, replay),
                                 queue_spec.batch_size, self._stop)
+        initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
         self._inference = InferenceServer(
-            policy=jax.jit(builder.make_policy(networks)),
+            policy=builder.make_policy(networks),
             params=self._learner.params,
             key=inference_key,
-            specs=step_specs(spec, builder.extras_spec(spec)),
+            specs=step_specs(spec, builder.extras_spec(spec), initial_state),
             num_workers=config.num_actors,
             envs_per_worker=config.envs_per_actor,
             unroll_length=queue_spec.unroll_length,
             on_unroll=self._feed.put,
             stop=self._stop,
             timeout_s=config.inference_timeout_ms / 1000.0,
+            initial_state=initial_state,
+            overlap=queue_spec.overlap,
         )
         self._finite = FiniteCheck()
         self._metrics: dict[str, float] = {}

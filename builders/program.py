@@ -41,7 +41,8 @@ def make_program(
     if config.unroll_queue == "replay":
         spec = env_factory.spec()
         queue_spec = builder.queue_spec()
-        table = unroll_table_spec(step_specs(spec, builder.extras_spec(spec)),
+        table = unroll_table_spec(step_specs(spec, builder.extras_spec(spec),
+                                             builder.initial_state(spec, 1)),
                                   queue_spec.unroll_length, config.envs_per_actor,
                                   max_unrolls(queue_spec, config))
         with program.group("replay"):

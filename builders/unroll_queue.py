@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trellis.builders.base import ArraySpec
+from trellis.builders.base import STATE_PREFIX, ArraySpec
 from trellis.reverb_tables import RateLimiterTimeout, TableSpec
 
 UNROLL_TABLE = "unrolls"
@@ -45,9 +45,14 @@ class LocalUnrollQueue:
 
 def unroll_table_spec(step_specs: Mapping[str, ArraySpec], unroll_length: int,
                       envs_per_worker: int, max_unrolls: int) -> TableSpec:
-    """A Queue table of unrolls {field: [T + 1, K, ...]}: FIFO, each item sampled once."""
+    """A Queue table of unrolls {field: [T + 1, K, ...]}: FIFO, each item sampled once.
+
+    The policy-state fields (`state/<name>`) are recorded once per unroll: [1, K, ...].
+    """
     signature = {
-        name: ArraySpec((unroll_length + 1, envs_per_worker) + s.shape, s.dtype)
+        name: ArraySpec(
+            (1 if name.startswith(STATE_PREFIX) else unroll_length + 1, envs_per_worker)
+            + s.shape, s.dtype)
         for name, s in step_specs.items()
     }
     return TableSpec.queue(UNROLL_TABLE, max_unrolls, signature=signature)

@@ -10,6 +10,7 @@ episodes are recorded with Gymnasium's RecordVideo (the env must render rgb arra
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -64,7 +65,8 @@ def load_policy(run_dir: str, step: int | None = None):
     """The run's greedy policy with the checkpoint's params.
 
     Returns:
-      (policy, params, env_factory, checkpoint step, progress of that checkpoint).
+      (policy, initial_state(num_envs) -> the policy's state, params, env_factory,
+      checkpoint step, progress of that checkpoint).
 
     Raises:
       _Error: the run's config or checkpoint is missing or unreadable.
@@ -89,10 +91,12 @@ def load_policy(run_dir: str, step: int | None = None):
         checkpointer.close()
     learner.restore(state)
     policy = jax.jit(builder.make_policy(networks, evaluation=True))
-    return policy, jax.device_get(learner.params), env_factory, step, progress
+    initial_state = functools.partial(builder.initial_state, spec)
+    return policy, initial_state, jax.device_get(learner.params), env_factory, step, progress
 
 
-def _record(policy, params, env_factory, episodes: int, seed: int, video_dir: str):
+def _record(policy, initial_state, params, env_factory, episodes: int, seed: int,
+            video_dir: str):
     env = gym.make(env_factory.env_id, render_mode="rgb_array", **dict(env_factory.kwargs))
     try:
         env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True,
@@ -104,9 +108,11 @@ def _record(policy, params, env_factory, episodes: int, seed: int, video_dir: st
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         total, done = 0.0, False
+        state, first = initial_state(1), np.ones(1, bool)
         while not done:
             key, step_key = jax.random.split(key)
-            action, _ = policy(params, step_key, np.asarray(obs)[None])
+            action, _, state = policy(params, step_key, np.asarray(obs)[None], state, first)
+            first = np.zeros(1, bool)
             obs, reward, terminated, truncated, _ = env.step(np.asarray(action)[0])
             total += float(reward)
             done = terminated or truncated
@@ -117,14 +123,17 @@ def _record(policy, params, env_factory, episodes: int, seed: int, video_dir: st
 
 def evaluate(args: argparse.Namespace) -> dict:
     """Restores, plays, and returns {return_mean, return_min, return_max, episodes, ...}."""
-    policy, params, env_factory, step, progress = load_policy(args.run_dir, args.step)
+    policy, initial_state, params, env_factory, step, progress = load_policy(args.run_dir,
+                                                                             args.step)
     if args.video:
-        returns = _record(policy, params, env_factory, args.episodes, args.seed, args.video)
+        returns = _record(policy, initial_state, params, env_factory, args.episodes, args.seed,
+                          args.video)
     else:
         envs = env_factory.make_vector(args.episodes, seed=args.seed)
         try:
             returns = run_episodes(policy, params, envs, args.episodes,
-                                   jax.random.PRNGKey(args.seed), args.seed)
+                                   jax.random.PRNGKey(args.seed), args.seed,
+                                   initial_state(args.episodes))
         finally:
             envs.close()
     result = summarize(returns)

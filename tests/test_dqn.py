@@ -184,10 +184,10 @@ def test_evaluation_policy_is_greedy_for_each_observation():
     obs = distinct_observations(256)
     expected = np.argmax(np.asarray(obs), axis=-1)
     assert len(set(expected.tolist())) == 4  # Every action is the greedy one somewhere.
-    actions, extras = builder.make_policy(networks, evaluation=True)(
-        identity_q_params(networks), jax.random.PRNGKey(1), obs)
+    actions, extras, state = builder.make_policy(networks, evaluation=True)(
+        identity_q_params(networks), jax.random.PRNGKey(1), obs, {}, np.zeros(len(obs), bool))
     np.testing.assert_array_equal(np.asarray(actions), expected)
-    assert extras == {}
+    assert extras == {} and state == {}
 
 
 def assert_explores_at(actions, greedy, epsilon, num_actions=4):
@@ -214,8 +214,9 @@ def test_epsilon_greedy_explores_at_the_configured_rate(config, updates, expecte
     num_slots = len(expected)
     obs = distinct_observations(num_slots * 2000, seed=1)
     greedy = np.argmax(np.asarray(obs), axis=-1)
-    actions, _ = builder.make_policy(networks)(identity_q_params(networks, updates),
-                                               jax.random.PRNGKey(2), obs)
+    actions, _, _ = builder.make_policy(networks)(identity_q_params(networks, updates),
+                                                  jax.random.PRNGKey(2), obs, {},
+                                                  np.zeros(len(obs), bool))
     actions = np.asarray(actions)
     assert actions.min() >= 0 and actions.max() < 4
     for slot, epsilon in enumerate(expected):

@@ -73,5 +73,6 @@ def test_atari_pixels_through_the_conv_torso():
     assert spec.observation_shape == (4, 84, 84) and spec.observation_dtype == "uint8"
     networks = ImpalaBuilder(ImpalaConfig()).make_networks(spec)
     params = networks.init(jax.random.PRNGKey(0))
-    logits, values = networks.apply(params, spec.zeros_observation((2, 3)))
+    logits, values, _ = networks.apply(params, spec.zeros_observation((2, 3)),
+                                       np.ones((2, 3), bool), {})
     assert logits.shape == (2, 3, spec.num_actions) and values.shape == (2, 3)

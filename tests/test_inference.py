@@ -15,10 +15,10 @@ SPEC = EnvSpec((3,), "float32", 4, (), "int32")
 W = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
 
 
-def policy(params, key, obs):
-    del key
+def policy(params, key, obs, state, first):
+    del key, first
     logits = obs @ params
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), {"logits": logits}
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), {"logits": logits}, state
 
 
 def make_server(on_unroll, num_workers=3, k=4, unroll_length=5, timeout_s=0.05):

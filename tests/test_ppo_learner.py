@@ -104,13 +104,15 @@ def test_gaussian_policy_learns_a_continuous_bandit():
     obs = np.ones((64, 3), np.float32)
     key = jax.random.PRNGKey(1)
 
+    first = np.zeros(64, bool)
+
     def mean_action():
-        return float(np.mean(greedy(learner.params, key, obs)[0]))
+        return float(np.mean(greedy(learner.params, key, obs, {}, first)[0]))
 
     start = mean_action()
     for _ in range(40):
         key, k0, k1 = jax.random.split(key, 3)
-        steps = [jax.device_get(policy(learner.params, k, obs)) for k in (k0, k1)]
+        steps = [jax.device_get(policy(learner.params, k, obs, {}, first)[:2]) for k in (k0, k1)]
         (a0, x0), (a1, x1) = steps
         assert np.all(np.abs(a0) <= 2.0) and x0["raw_action"].shape == (64, 1)
         batch = {

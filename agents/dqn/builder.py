@@ -26,7 +26,8 @@ class DQNBuilder(AgentBuilder):
         return make_networks(spec, self.config.hidden_sizes)
 
     def make_policy(self, networks: DQNNetworks, evaluation: bool = False):
-        """`policy(params, key, obs[N, ...]) -> (actions[N], {})`: greedy when evaluating,
+        """`policy(params, key, obs[N, ...], state, first) -> (actions[N], {}, state)`,
+        feed-forward (the state stays {}): greedy when evaluating,
         otherwise epsilon-greedy with each row's epsilon from the config's ladder.
 
         Row r gets ladder entry r mod num_epsilons. The inference server lays out each
@@ -37,11 +38,12 @@ class DQNBuilder(AgentBuilder):
         c = self.config
         ladder = jnp.asarray(c.epsilons, jnp.float32)
 
-        def policy(params, key, obs):
+        def policy(params, key, obs, state, first):
+            del first  # Feed-forward: nothing to reset.
             q_values = networks.apply(params["q"], obs)  # [N, A]
             greedy = jnp.argmax(q_values, axis=-1).astype(jnp.int32)
             if evaluation:
-                return greedy, {}
+                return greedy, {}, state
             n = obs.shape[0]
             epsilon = ladder[jnp.arange(n) % ladder.shape[0]]  # [N]
             if c.epsilon_decay_updates:
@@ -50,7 +52,7 @@ class DQNBuilder(AgentBuilder):
             explore_key, action_key = jax.random.split(key)
             explore = jax.random.uniform(explore_key, (n,)) < epsilon
             random_actions = jax.random.randint(action_key, (n,), 0, networks.num_actions)
-            return jnp.where(explore, random_actions, greedy), {}
+            return jnp.where(explore, random_actions, greedy), {}, state
 
         return policy
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trellis.agents.common import AgentBuilder
 from trellis.agents.impala.config import ImpalaConfig
@@ -19,22 +20,29 @@ class ImpalaBuilder(AgentBuilder):
     config: ImpalaConfig
 
     def make_networks(self, spec: EnvSpec) -> ImpalaNetworks:
-        return make_networks(spec, self.config.hidden_sizes)
+        c = self.config
+        return make_networks(spec, c.hidden_sizes, c.core, c.lstm_size)
+
+    def initial_state(self, spec: EnvSpec, num_slots: int) -> dict[str, np.ndarray]:
+        """The LSTM core's zero state per slot; {} when feed-forward."""
+        return self.make_networks(spec).initial_state(num_slots)
 
     def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
         """What the inference server records per step beside the action."""
         return {"logits": ArraySpec((spec.num_actions,), "float32")}
 
     def make_policy(self, networks: ImpalaNetworks, evaluation: bool = False):
-        """`policy(params, key, obs[N, ...]) -> (actions[N], extras)`; greedy when evaluating."""
+        """`policy(params, key, obs[N, ...], state, first[N]) -> (actions[N], extras, state)`:
+        one step of the network (T = 1); greedy when evaluating."""
 
-        def policy(params, key, obs):
-            logits, _ = networks.apply(params, obs)
+        def policy(params, key, obs, state, first):
+            logits, _, state = networks.apply(params, obs[None], first[None], state)
+            logits = logits[0]  # [N, A]
             if evaluation:
                 actions = jnp.argmax(logits, axis=-1)
             else:
                 actions = jax.random.categorical(key, logits)
-            return actions.astype(jnp.int32), {"logits": logits}
+            return actions.astype(jnp.int32), {"logits": logits}, state
 
         return policy
 

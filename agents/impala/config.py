@@ -15,6 +15,11 @@ class ImpalaConfig(AgentConfig):
     rate give many small updates per env step (tuned with the sweep in agents/impala/README).
     """
 
+    # Network. The core's own settings (lstm_size) apply only with core "lstm".
+    core: str = setting("none", "recurrent core after the torso: none (feed-forward) or lstm",
+                        choices=("none", "lstm"))
+    lstm_size: int = setting(128, "width of the LSTM core (with --core=lstm)", ge=1)
+
     unroll_length: int = 5
     batch_size: int = 32
     max_queue_size: int = 8  # Bounds the policy lag.

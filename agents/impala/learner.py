@@ -19,6 +19,7 @@ from trellis.agents.common import (
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.losses import impala_loss
 from trellis.agents.impala.networks import ImpalaNetworks
+from trellis.builders.base import recorded_state
 
 
 def make_update(
@@ -28,7 +29,8 @@ def make_update(
 
     The batch holds what the inference server recorded per step: `obs`, `first`, `reward`,
     `terminated` (describing how each observation was reached), and the `action` and
-    behaviour `logits` chosen at it.
+    behaviour `logits` chosen at it; with a recurrent core also the state the actor had at
+    the first step (`state/c`, `state/h`), from which the network unrolls over [T + 1, B].
     """
     loss_fn = functools.partial(
         impala_loss,
@@ -40,7 +42,8 @@ def make_update(
     )
 
     def batch_loss(params, batch: Batch):
-        logits, values = networks.apply(params, batch["obs"])  # [T+1, B, A], [T+1, B]
+        logits, values, _ = networks.apply(  # [T+1, B, A], [T+1, B]
+            params, batch["obs"], batch["first"], recorded_state(batch))
         discounts = config.discount * (1.0 - batch["terminated"][1:].astype(jnp.float32))
         mask = 1.0 - batch["first"][1:].astype(jnp.float32)  # [T, B]
         losses, metrics = jax.vmap(loss_fn, in_axes=1)(

@@ -1,41 +1,94 @@
-"""IMPALA networks: a shared torso with a policy head (logits) and a value head."""
+"""IMPALA networks: a torso, an optional LSTM core, a policy head (logits) and a value head.
+
+Every network here is time-major and carries a state, so the acting policy (T = 1) and the
+learner ([T + 1, B] unrolls) call the same function; the feed-forward one has an empty state.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from trellis.agents.common import make_torso
+from trellis.agents.common import (
+    ImpalaResNetTorso,
+    LSTMCore,
+    channels_first,
+    lstm_initial_state,
+    make_torso,
+)
 from trellis.envs.specs import EnvSpec
+
+State = Mapping[str, jax.Array]
 
 
 class PolicyValueNet(nn.Module):
+    """torso -> [LSTM core] -> logits and value, on [T, B, ...] observations.
+
+    `__call__(obs[T, B, ...], first[T, B], state) -> (logits[T, B, A], value[T, B], state)`;
+    without a core (`lstm_size` 0) `first` is unused and the state is returned as given ({}).
+    """
+
     num_actions: int
     torso: nn.Module
+    lstm_size: int = 0
 
     @nn.compact
-    def __call__(self, obs):
-        h = self.torso(obs)
+    def __call__(self, obs, first, state: State):
+        h = self.torso(obs)  # [T, B, F]
+        if self.lstm_size:
+            state, h = LSTMCore(self.lstm_size)(state, h, first)
         logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(h)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(h)[..., 0]
-        return logits, value
+        return logits, value, state
 
 
 @dataclasses.dataclass(frozen=True)
 class ImpalaNetworks:
-    """Pure functions: `init(key) -> params`, `apply(params, obs) -> (logits, value)`."""
+    """Pure functions of the IMPALA network.
+
+    `init(key) -> params`; `apply(params, obs[T, B, ...], first[T, B], state) -> (logits
+    [T, B, A], values [T, B], state)`, the state {name: [B, ...]} taken before step 0 and
+    returned after step T - 1; `initial_state(n) -> {name: [n, ...]}` (numpy; {} without core).
+    """
 
     init: Callable[[jax.Array], dict]
-    apply: Callable[[dict, jax.Array], tuple[jax.Array, jax.Array]]
+    apply: Callable[[dict, jax.Array, jax.Array, State], tuple[jax.Array, jax.Array, State]]
+    initial_state: Callable[[int], dict[str, np.ndarray]]
 
 
-def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> ImpalaNetworks:
+def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none",
+                  lstm_size: int = 128) -> ImpalaNetworks:
+    """The IMPALA network for `spec`.
+
+    Args:
+      spec: the env's spec (discrete actions).
+      hidden_sizes: the MLP torso's widths (vector observations).
+      core: "none" (feed-forward) or "lstm". With "lstm", pixel observations go through the
+        IMPALA paper's deep residual torso, as in its recurrent agents.
+      lstm_size: the LSTM's width.
+
+    Raises:
+      ValueError: the action space is not discrete.
+    """
     if not spec.discrete:
         raise ValueError("IMPALA here handles discrete actions; use --agent=sac or ppo for Box.")
-    net = PolicyValueNet(spec.num_actions, make_torso(spec, hidden_sizes))
-    dummy = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    return ImpalaNetworks(init=lambda key: net.init(key, dummy), apply=net.apply)
+    recurrent = core == "lstm"
+    torso = (ImpalaResNetTorso(channels_first=channels_first(spec))
+             if recurrent and spec.pixels else make_torso(spec, hidden_sizes))
+    net = PolicyValueNet(spec.num_actions, torso, lstm_size if recurrent else 0)
+
+    def initial_state(n: int) -> dict[str, np.ndarray]:
+        return lstm_initial_state(n, lstm_size) if recurrent else {}
+
+    dummy = jnp.zeros((1, 1) + spec.observation_shape, spec.observation_dtype)
+    first = jnp.ones((1, 1), bool)
+    return ImpalaNetworks(
+        init=lambda key: net.init(key, dummy, first, initial_state(1)),
+        apply=net.apply,
+        initial_state=initial_state,
+    )

@@ -38,11 +38,12 @@ class PPOBuilder(AgentBuilder):
         return extras
 
     def make_policy(self, networks: PPONetworks, evaluation: bool = False):
-        """`policy(params, key, obs[N, ...]) -> (actions[N, ...], extras)`; the
-        distribution's mode when evaluating."""
+        """`policy(params, key, obs[N, ...], state, first) -> (actions[N, ...], extras,
+        state)`, feed-forward (the state stays {}); the distribution's mode when evaluating."""
         distribution = networks.distribution
 
-        def policy(params, key, obs):
+        def policy(params, key, obs, state, first):
+            del first  # Feed-forward: nothing to reset.
             dist_params, value = networks.apply(params, obs)
             if evaluation:
                 action = learn_action = distribution.mode(dist_params)
@@ -52,7 +53,7 @@ class PPOBuilder(AgentBuilder):
                       "value": value}
             if distribution.learn_field != "action":
                 extras[distribution.learn_field] = learn_action
-            return action, extras
+            return action, extras, state
 
         return policy
 

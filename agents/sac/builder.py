@@ -26,16 +26,18 @@ class SACBuilder(AgentBuilder):
         return make_networks(spec, c.hidden_sizes, c.log_std_min, c.log_std_max)
 
     def make_policy(self, networks: SACNetworks, evaluation: bool = False):
-        """`policy(params, key, obs[N, D_obs]) -> (actions[N, D], {})`: a sample of the
-        squashed Gaussian when training, its squashed mean when evaluating."""
+        """`policy(params, key, obs[N, D_obs], state, first) -> (actions[N, D], {}, state)`,
+        feed-forward (the state stays {}): a sample of the squashed Gaussian when training,
+        its squashed mean when evaluating."""
         dist = networks.distribution
 
-        def policy(params, key, obs):
+        def policy(params, key, obs, state, first):
+            del first  # Feed-forward: nothing to reset.
             mean, log_std = networks.policy(params["policy"], obs)
             if evaluation:
-                return dist.mode(mean), {}
+                return dist.mode(mean), {}, state
             action, _ = dist.sample(key, mean, log_std)
-            return action, {}
+            return action, {}, state
 
         return policy
 
