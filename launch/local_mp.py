@@ -233,6 +233,7 @@ def child_main(
     """
     # Set before unpickling: the node's imports may look at it (e.g. to pick log files).
     os.environ["TRELLIS_NODE_LABEL"] = label
+    _name_process(label)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher coordinates Ctrl-C
     threading.Thread(
         target=_exit_when_orphaned, args=(label, launcher_pid), name="orphan-watchdog", daemon=True
@@ -251,6 +252,13 @@ def child_main(
     ok = program_lib.execute_in_process(payload, context, address)
     writer.close()
     sys.exit(0 if ok else 1)
+
+
+def _name_process(label: str) -> None:
+    # Every node process runs the same spawn command line; its name tells them apart in
+    # `ps -o comm`, `top` and benchmarks/soak.py. Linux only (elsewhere there is no file).
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(label[:15])  # The kernel keeps at most 15 bytes.
 
 
 def _exit_when_orphaned(label: str, launcher_pid: int) -> None:

@@ -196,6 +196,8 @@ def test_kill_minus_nine_is_an_error_and_breaks_calls_at_once():
     try:
         client = victim.dereference()
         pid = client.pid()
+        with open(f"/proc/{pid}/comm") as f:  # Named after its node, for ps and the soak.
+            assert f.read() == "victim\n"
         pending = client.futures.sleep(30)
         deadline = time.monotonic() + 30
         while not client.sleeping():  # the call is in flight on the server
