@@ -12,6 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from trellis.envs import cartpole_novel
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
@@ -21,6 +22,7 @@ _PLUGIN_MODULES = {"ALE/": "ale_py"}
 
 
 def _register_plugins(env_id: str) -> None:
+    cartpole_novel.register()  # Trellis's own ids.
     for prefix, module in _PLUGIN_MODULES.items():
         if env_id.startswith(prefix):
             try:
