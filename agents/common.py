@@ -388,6 +388,12 @@ class AgentBuilder(abc.ABC):
         del spec, num_slots
         return {}
 
+    def replay_table(self, signature: Mapping[str, ArraySpec]) -> rt.TableSpec | None:
+        """The agent's own replay table: none (unrolls reach the learner in order) unless
+        overridden (`builders.base.Builder.replay_table`)."""
+        del signature
+        return None
+
     @abc.abstractmethod
     def make_networks(self, spec: EnvSpec) -> Any:
         """The agent's networks for an env with `spec`."""

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from trellis.envs.specs import EnvSpec
-from trellis.reverb_tables.spec import ArraySpec
+from trellis.reverb_tables.spec import ArraySpec, TableSpec
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
 __all__ = ["STATE_PREFIX", "ArraySpec", "Builder", "Learner", "Policy", "QueueSpec", "State",
@@ -23,6 +23,12 @@ __all__ = ["STATE_PREFIX", "ArraySpec", "Builder", "Learner", "Policy", "QueueSp
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
+
+# Batches sampled from a builder's own replay table (`Builder.replay_table`) also carry each
+# item's key [B] (host only: for priority updates) and how it was sampled [1, B].
+REPLAY_KEY = "replay/key"
+REPLAY_PROBABILITY = "replay/probability"
+REPLAY_TABLE_SIZE = "replay/table_size"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +121,16 @@ class Builder(Protocol):
         """Every env slot's initial policy state {name: [num_slots, ...]}; {} if feed-forward.
 
         Slot = worker_id * K + env index; values may differ per slot.
+        """
+        ...
+
+    def replay_table(self, signature: Mapping[str, ArraySpec]) -> TableSpec | None:
+        """The agent's own replay table of unrolls, or None (the learner takes unrolls in order).
+
+        With a table (R2D2), `make_program` puts it on a replay node; every env slot's unroll
+        goes in as one item (`signature`: {field: [T + 1, ...]}, state fields [1, ...]); the
+        learner gets batches sampled from it, with `REPLAY_KEY`, `REPLAY_PROBABILITY` and
+        `REPLAY_TABLE_SIZE`; and `make_learner` gets `replay=`, a client of the replay node.
         """
         ...
 

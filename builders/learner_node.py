@@ -20,16 +20,23 @@ import jax
 import numpy as np
 
 from trellis import launch
-from trellis.builders.base import Builder, QueueSpec
+from trellis.builders.base import (
+    REPLAY_KEY,
+    REPLAY_PROBABILITY,
+    REPLAY_TABLE_SIZE,
+    Builder,
+    QueueSpec,
+)
 from trellis.builders.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.config import ExperimentConfig
 from trellis.builders.counter import Counter, CounterSnapshot, StepRate
 from trellis.builders.inference import InferenceServer, step_specs
 from trellis.builders.stop import StopRule
-from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue
+from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue, unroll_signature
 from trellis.envs.factory import EnvFactory
+from trellis.envs.specs import EnvSpec
 from trellis.launch.node_context import StopEvent
-from trellis.reverb_tables import ReplayClient
+from trellis.reverb_tables import RateLimiterTimeout, ReplayClient, TableSpec
 
 UnrollQueue = LocalUnrollQueue | TableUnrollQueue
 
@@ -96,6 +103,58 @@ class UnrollFeed:
         return self._unrolls.size()
 
 
+class ReplayFeed:
+    """Unrolls into the builder's replay table (`Builder.replay_table`) on the replay node;
+    batches sampled from it.
+
+    Each worker's unroll [T + 1, K, ...] becomes K items, one per env slot, at priority 1
+    until the learner writes its real one back. The table's rate limiter paces both sides:
+    inference waits while sampling lags behind `samples_per_insert`, the learner while
+    inserts do.
+
+    Args:
+      replay: a client of the replay node.
+      table: the table's name.
+      batch_size: items per batch.
+      stop: the program's stop event; a blocked `put` gives up once it is set.
+    """
+
+    def __init__(self, replay: ReplayClient, table: str, batch_size: int, stop: StopEvent):
+        self._replay, self._table = replay, table
+        self._batch_size = batch_size
+        self._stop = stop
+
+    def put(self, chunk: dict[str, np.ndarray]) -> None:
+        """Inserts one item per env slot of `chunk` [T + 1, K, ...]; blocks while the rate
+        limiter holds inserts back, until a stop."""
+        for k in range(next(iter(chunk.values())).shape[1]):
+            item = {name: v[:, k] for name, v in chunk.items()}
+            while not self._stop.is_set():
+                try:
+                    self._replay.insert(item, {self._table: 1.0}, timeout_s=0.1)
+                    break
+                except RateLimiterTimeout:
+                    continue
+
+    def next_batch(self) -> dict[str, np.ndarray] | None:
+        """B sampled items, time-major [T + 1, B, ...] (state fields [1, B, ...]), with their
+        keys `REPLAY_KEY` [B] and sampling `REPLAY_PROBABILITY`, `REPLAY_TABLE_SIZE` [1, B];
+        None if the rate limiter admitted no full batch within a short wait."""
+        try:
+            sample = self._replay.sample(self._table, self._batch_size, timeout_s=0.25)
+        except RateLimiterTimeout:
+            return None  # Items taken before the deadline stay in the table.
+        batch = {name: np.swapaxes(v, 0, 1) for name, v in sample.data.items()}
+        batch[REPLAY_KEY] = sample.keys
+        batch[REPLAY_PROBABILITY] = sample.probabilities.astype(np.float32)[None]
+        batch[REPLAY_TABLE_SIZE] = sample.table_size.astype(np.float32)[None]
+        return batch
+
+    def size(self) -> int:
+        """Items in the table."""
+        return int(self._replay.info(self._table)["size"])
+
+
 class NonFiniteLossError(RuntimeError):
     """A learner update gave NaN or Inf metrics; the run stops without checkpointing it."""
 
@@ -159,8 +218,10 @@ class LearnerNode:
 
     Args:
       builder, env_factory, config: the agent, its envs and the experiment settings.
-      replay: with `config.unroll_queue == "replay"`, the replay node holding the unroll
-        table (`builders.unroll_queue.unroll_table_spec`); unrolls go through it.
+      replay: the replay node, where `make_program` added one: it holds the builder's own
+        table (`agent_table`), which then feeds the learner, or else, with
+        `config.unroll_queue == "replay"`, the unroll table
+        (`builders.unroll_queue.unroll_table_spec`) through which unrolls go.
       checkpoints: where to checkpoint and what to resume from; None: no checkpoints.
     """
 
@@ -170,7 +231,10 @@ class LearnerNode:
         spec = env_factory.spec()
         learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
         networks = builder.make_networks(spec)
-        self._learner = builder.make_learner(networks, spec, learner_key)
+        table = agent_table(builder, spec)
+        client = None if replay is None else ReplayClient(replay)
+        self._learner = (builder.make_learner(networks, spec, learner_key) if table is None
+                         else builder.make_learner(networks, spec, learner_key, replay=client))
         self._checkpointer = None
         progress = None
         if checkpoints is not None:
@@ -189,8 +253,10 @@ class LearnerNode:
         self._rate = StepRate(self._counter.env_steps())
         queue_spec = builder.queue_spec()
         self._stop = launch.stop_event()
-        self._feed = UnrollFeed(_unroll_queue(queue_spec, config, replay),
-                                queue_spec.batch_size, self._stop)
+        self._feed: UnrollFeed | ReplayFeed = (
+            UnrollFeed(_unroll_queue(queue_spec, config, client), queue_spec.batch_size,
+                       self._stop) if table is None
+            else ReplayFeed(client, table.name, queue_spec.batch_size, self._stop))
         initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
         self._inference = InferenceServer(
             policy=builder.make_policy(networks),
@@ -321,11 +387,19 @@ def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
     return queue_spec.max_batches * chunks_per_batch
 
 
-def _unroll_queue(queue_spec: QueueSpec, config: ExperimentConfig, replay: Any) -> UnrollQueue:
+def agent_table(builder: Builder, spec: EnvSpec) -> TableSpec | None:
+    """The builder's own replay table (`Builder.replay_table`), for items that are one env
+    slot's unroll {field: [T + 1, ...]}; None for most agents."""
+    steps = step_specs(spec, builder.extras_spec(spec), builder.initial_state(spec, 1))
+    return builder.replay_table(unroll_signature(steps, builder.queue_spec().unroll_length))
+
+
+def _unroll_queue(queue_spec: QueueSpec, config: ExperimentConfig,
+                  replay: ReplayClient | None) -> UnrollQueue:
     """The queue from inference to learner: in-process, or the replay node's table."""
-    if replay is None:
+    if config.unroll_queue == "local":
         return LocalUnrollQueue(max_unrolls(queue_spec, config))
-    return TableUnrollQueue(ReplayClient(replay))
+    return TableUnrollQueue(replay)
 
 
 class _Interval:

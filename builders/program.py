@@ -9,7 +9,7 @@ from trellis.builders.config import ExperimentConfig
 from trellis.builders.env_worker import EnvWorker
 from trellis.builders.evaluation import Evaluator
 from trellis.builders.inference import step_specs
-from trellis.builders.learner_node import LearnerNode, max_unrolls
+from trellis.builders.learner_node import LearnerNode, agent_table, max_unrolls
 from trellis.builders.unroll_queue import unroll_table_spec
 from trellis.envs.factory import EnvFactory
 from trellis.reverb_tables import ReplayNode
@@ -27,8 +27,10 @@ def make_program(
     Env workers are restarted up to `config.max_actor_restarts` times each; the learner is
     never restarted (its failure stops the program).
 
-    With `config.unroll_queue == "replay"` a "replay" node holds the Queue table through
-    which unrolls reach the learner. With `config.eval_every > 0` an "evaluator" node runs
+    A "replay" node holds the builder's own replay table (`Builder.replay_table`, e.g.
+    R2D2's prioritized sequences) where it has one, which then feeds the learner; otherwise,
+    with `config.unroll_queue == "replay"`, the Queue table through which unrolls reach the
+    learner. With `config.eval_every > 0` an "evaluator" node runs
     the greedy policy on envs of its own. With `checkpoints`, the learner checkpoints there
     (and resumes from its `resume_step`).
 
@@ -38,13 +40,15 @@ def make_program(
     """
     program = launch.Program(name)
     replay = None
-    if config.unroll_queue == "replay":
-        spec = env_factory.spec()
+    spec = env_factory.spec()
+    table = agent_table(builder, spec)
+    if table is None and config.unroll_queue == "replay":
         queue_spec = builder.queue_spec()
         table = unroll_table_spec(step_specs(spec, builder.extras_spec(spec),
                                              builder.initial_state(spec, 1)),
                                   queue_spec.unroll_length, config.envs_per_actor,
                                   max_unrolls(queue_spec, config))
+    if table is not None:
         with program.group("replay"):
             replay = program.add_node(
                 launch.CourierNode(ReplayNode, [table], config.replay_backend, config.seed))

@@ -43,18 +43,22 @@ class LocalUnrollQueue:
         return self._queue.qsize()
 
 
-def unroll_table_spec(step_specs: Mapping[str, ArraySpec], unroll_length: int,
-                      envs_per_worker: int, max_unrolls: int) -> TableSpec:
-    """A Queue table of unrolls {field: [T + 1, K, ...]}: FIFO, each item sampled once.
-
-    The policy-state fields (`state/<name>`) are recorded once per unroll: [1, K, ...].
-    """
-    signature = {
+def unroll_signature(step_specs: Mapping[str, ArraySpec], unroll_length: int,
+                     columns: tuple[int, ...] = ()) -> dict[str, ArraySpec]:
+    """The specs of an unroll {field: [T + 1, *columns, ...]}; the policy-state fields
+    (`state/<name>`) are recorded once per unroll: [1, *columns, ...]."""
+    return {
         name: ArraySpec(
-            (1 if name.startswith(STATE_PREFIX) else unroll_length + 1, envs_per_worker)
-            + s.shape, s.dtype)
+            (1 if name.startswith(STATE_PREFIX) else unroll_length + 1,) + columns + s.shape,
+            s.dtype)
         for name, s in step_specs.items()
     }
+
+
+def unroll_table_spec(step_specs: Mapping[str, ArraySpec], unroll_length: int,
+                      envs_per_worker: int, max_unrolls: int) -> TableSpec:
+    """A Queue table of a worker's unrolls [T + 1, K, ...]: FIFO, each item sampled once."""
+    signature = unroll_signature(step_specs, unroll_length, (envs_per_worker,))
     return TableSpec.queue(UNROLL_TABLE, max_unrolls, signature=signature)
 
 
