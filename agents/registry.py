@@ -13,6 +13,7 @@ AGENTS = {
     "dqn": "trellis.agents.dqn",
     "impala": "trellis.agents.impala",
     "ppo": "trellis.agents.ppo",
+    "r2d2": "trellis.agents.r2d2",
     "sac": "trellis.agents.sac",
 }
 
