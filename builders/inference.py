@@ -1,11 +1,12 @@
 """SEED-style central inference: dynamic batching over env workers, unrolls kept here.
 
-Every env worker sends the K observations of its envs and waits for K actions. The serving
-thread gathers requests until `max_batch` envs are waiting or `timeout_s` has passed since
-the first one, runs the jitted policy once on the concatenation, and replies to each
-worker with its slice. What the policy saw and did is written into per-slot unroll buffers
-on this side (env workers stay stateless); each full unroll of T + 1 steps goes to the
-learner through `on_unroll`.
+Every env worker sends the K observations of its envs and waits for K actions: through its
+shared-memory slots when it runs on this host (`launch.shm`, see `env_worker.shm_step`),
+through the `step` RPC otherwise. The serving thread waits on both at once, gathers requests
+until `max_batch` envs are waiting or `timeout_s` has passed since the first one, runs the
+jitted policy once on the concatenation, and replies to each worker with its slice. What the
+policy saw and did is written into per-slot unroll buffers on this side (env workers stay
+stateless); each full unroll of T + 1 steps goes to the learner through `on_unroll`.
 
 A recurrent policy's state lives here too, on the device, one row per env slot (SEED RL): the
 jitted call that picks the actions also gathers the batch's rows and scatters the new state
@@ -15,18 +16,25 @@ starts, to be recorded with it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import queue
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
 from trellis.builders.base import STATE_PREFIX, ArraySpec, Policy, State, state_specs
+from trellis.builders.env_worker import ACTIONS, FAILED, REQUEST, STOPPING, unpack_hello
 from trellis.envs.specs import EnvSpec
+from trellis.launch import shm
+
+Episodes = Sequence[tuple[float, int]]
+_INPUTS = ("obs", "reward", "terminated", "truncated", "first")
 
 
 def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec],
@@ -51,12 +59,30 @@ def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec],
 
 @dataclasses.dataclass
 class _Request:
+    """One worker's step; `finish` hands it `actions`, or None (stopping), or `error`.
+
+    Its `data` are views of the worker's shared slots when it came through `channel`: they
+    stay valid until `finish`, since the worker waits for the answer before writing again.
+    """
+
     worker_id: int
     run_id: int
     data: dict[str, np.ndarray]
+    channel: shm.Channel | None = None
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     actions: np.ndarray | None = None
     error: BaseException | None = None
+
+    def finish(self) -> None:
+        if self.channel is None:
+            self.done.set()
+            return
+        if self.error is None and self.actions is not None:
+            self.channel.arrays["action"][...] = self.actions
+        answer = (FAILED if self.error is not None else
+                  STOPPING if self.actions is None else ACTIONS)
+        with contextlib.suppress(OSError):  # A worker that died meanwhile needs no answer.
+            self.channel.send(answer)
 
 
 class UnrollRecorder:
@@ -188,6 +214,9 @@ class InferenceServer:
       initial_state: every slot's initial policy state {name: [num_workers * K, ...]}
         (`Builder.initial_state`); None or {} for a feed-forward policy.
       overlap: steps repeated between consecutive unrolls (`QueueSpec.overlap`).
+      on_steps: called with (env steps, finished episodes) for each request, from either path.
+      shared_memory: the layout of each worker's shared slots (`env_worker.shm_layout`) to
+        serve them through a `launch.shm.Hub`; None: the `step` RPC only.
     """
 
     def __init__(
@@ -205,6 +234,8 @@ class InferenceServer:
         timeout_s: float = 0.002,
         initial_state: Mapping[str, np.ndarray] | None = None,
         overlap: int = 1,
+        on_steps: Callable[[int, Episodes], None] | None = None,
+        shared_memory: shm.Layout | None = None,
     ):
         self._params = params
         self._key = key
@@ -215,6 +246,15 @@ class InferenceServer:
         self._timeout_s = timeout_s
         self._stop = stop
         self._requests: queue.Queue[_Request] = queue.Queue()
+        self._pending: list[_Request] = []  # Gathered beyond `max_batch`: the next batch's.
+        self._on_steps = on_steps or (lambda steps, episodes: None)
+        self._hub = None
+        if shared_memory is not None:
+            if shm.available():
+                self._hub = shm.Hub(shared_memory)
+            else:
+                print("inference: no shared memory on this platform (needs Linux memfd); env "
+                      "workers step over the socket", file=sys.stderr, flush=True)
         self._recorder = UnrollRecorder(
             self._specs, num_workers, envs_per_worker, unroll_length, on_unroll, overlap
         )
@@ -248,6 +288,10 @@ class InferenceServer:
     def set_params(self, params) -> None:
         self._params = params  # An atomic reference swap; the next batch uses it.
 
+    def shm_address(self) -> str | None:
+        """Where workers on this host connect their shared slots; None: use `step`."""
+        return None if self._hub is None else self._hub.address
+
     def step(
         self,
         worker_id: int,
@@ -257,6 +301,7 @@ class InferenceServer:
         terminated: np.ndarray,
         truncated: np.ndarray,
         first: np.ndarray,
+        episodes: Episodes = (),
     ) -> np.ndarray | None:
         """Called by env worker `worker_id` (any thread); blocks until its actions are ready.
 
@@ -276,8 +321,11 @@ class InferenceServer:
                 raise ValueError(
                     f"worker {worker_id}: {name} has shape {np.shape(value)}, expected {expected}"
                 )
+        self._on_steps(self._k, episodes)
         request = _Request(worker_id, run_id, data)
         self._requests.put(request)
+        if self._hub is not None:
+            self._hub.wake()
         while not request.done.wait(0.1):
             if self._stop.is_set():
                 return None
@@ -286,24 +334,48 @@ class InferenceServer:
         return request.actions
 
     def _gather(self) -> list[_Request]:
-        try:
-            first = self._requests.get(timeout=0.05)
-        except queue.Empty:
-            return []
-        batch, size = [first], self._k
+        batch = self._pending or self._ready(0.05)
         deadline = time.monotonic() + self._timeout_s
-        while size < self._max_batch:
-            remaining = deadline - time.monotonic()
-            try:
-                request = (self._requests.get(timeout=remaining) if remaining > 0
-                           else self._requests.get_nowait())
-            except queue.Empty:
-                break
-            batch.append(request)
-            size += self._k
+        limit = -(-self._max_batch // self._k)  # Requests per batch.
+        while batch and len(batch) < limit and (remaining := deadline - time.monotonic()) > 0:
+            batch += self._ready(remaining)
+        batch, self._pending = batch[:limit], batch[limit:]
         return batch
 
+    def _ready(self, timeout_s: float) -> list[_Request]:
+        """The requests that came within `timeout_s`: through shared slots and the RPC queue."""
+        if self._hub is None:
+            try:
+                return [self._requests.get(timeout=timeout_s)]
+            except queue.Empty:
+                return []
+        ready = [self._shm_request(channel)
+                 for channel, message in self._hub.poll(timeout_s) if message == REQUEST]
+        while not self._requests.empty():  # `step` woke the hub after putting its request.
+            ready.append(self._requests.get_nowait())
+        return [r for r in ready if r is not None]
+
+    def _shm_request(self, channel: shm.Channel) -> _Request | None:
+        worker_id, run_id = unpack_hello(channel.hello)
+        request = _Request(worker_id, run_id, {name: channel.arrays[name] for name in _INPUTS},
+                           channel)
+        if not 0 <= worker_id < self._num_workers:  # The RPC path raises ValueError here.
+            request.error = ValueError(f"worker_id {worker_id} not in [0, {self._num_workers})")
+            request.finish()
+            return None
+        slots = channel.arrays
+        self._on_steps(self._k, [(r, int(n)) for r, n in
+                                 slots["episodes"][:int(slots["num_episodes"])].tolist()])
+        return request
+
     def _serve(self) -> None:
+        try:
+            self._serve_until_stopped()
+        finally:
+            if self._hub is not None:
+                self._hub.close()  # Workers still waiting see EOF.
+
+    def _serve_until_stopped(self) -> None:
         while not self._stop.is_set():
             batch = self._gather()
             if not batch:
@@ -316,7 +388,7 @@ class InferenceServer:
                 stopping = self._stop.is_set() and isinstance(e, ConnectionError | EOFError)
                 for request in batch:  # Wake the workers, then let the node fail.
                     request.error = None if stopping else e
-                    request.done.set()
+                    request.finish()
                 if stopping:
                     return
                 raise
@@ -349,6 +421,6 @@ class InferenceServer:
             self._recorder.record(
                 request.worker_id, request.run_id, step,
                 state=lambda rows=rows: {k: v[rows] for k, v in host_rows().items()})
-            request.done.set()
+            request.finish()
         self.batches += 1
         self.steps += n

@@ -30,6 +30,7 @@ from trellis.builders.base import (
 from trellis.builders.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.config import ExperimentConfig
 from trellis.builders.counter import Counter, CounterSnapshot, StepRate
+from trellis.builders.env_worker import shm_layout
 from trellis.builders.inference import InferenceServer, step_specs
 from trellis.builders.stop import StopRule
 from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue, unroll_signature
@@ -202,8 +203,9 @@ class FiniteCheck:
 class LearnerNode:
     """Service node: central inference for the env workers, and the learner loop in `run()`.
 
-    RPCs: `step(...)` for env workers (see EnvWorker), `stats()` for progress displays,
-    `env_steps()`, `get_params()` and `record_evaluation(...)` for the evaluator.
+    RPCs: `step(...)` and `shm_address()` for env workers (see EnvWorker), `stats()` for
+    progress displays, `env_steps()`, `get_params()` and `record_evaluation(...)` for the
+    evaluator.
 
     The node wires four pieces: the inference server (fed by `step`), the counter
     (`builders.counter`, fed by `step` and the learner loop), the stop rule (`builders.stop`)
@@ -271,6 +273,9 @@ class LearnerNode:
             timeout_s=config.inference_timeout_ms / 1000.0,
             initial_state=initial_state,
             overlap=queue_spec.overlap,
+            on_steps=self._counter.add_env_steps,
+            shared_memory=(shm_layout(spec, config.envs_per_actor)
+                           if config.transport == "shm" else None),
         )
         self._finite = FiniteCheck()
         self._metrics: dict[str, float] = {}
@@ -289,8 +294,12 @@ class LearnerNode:
         Returns:
           The actions for the worker's envs, or None when the program is stopping.
         """
-        self._counter.add_env_steps(len(obs), episodes)
-        return self._inference.step(worker_id, run_id, obs, reward, terminated, truncated, first)
+        return self._inference.step(
+            worker_id, run_id, obs, reward, terminated, truncated, first, episodes)
+
+    def shm_address(self) -> str | None:
+        """Where env workers on this host connect their shared-memory slots (None: use `step`)."""
+        return self._inference.shm_address()
 
     def stats(self) -> dict[str, Any]:
         """Counters, return statistics over the window, the latest learner metrics.

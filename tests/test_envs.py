@@ -32,6 +32,9 @@ class RecordingInference:
         self._steps = steps
         self._rng = np.random.default_rng(0)
 
+    def shm_address(self):
+        return None  # No shared memory offered: the worker steps through `step`.
+
     def step(self, worker_id, run_id, obs, reward, terminated, truncated, first, episodes):
         self.calls.append(dict(obs=obs.copy(), reward=reward.copy(), terminated=terminated,
                                truncated=truncated, first=first, episodes=list(episodes)))

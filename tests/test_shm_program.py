@@ -1,0 +1,141 @@
+"""Env workers and inference through shared memory in a local_mp program: restarts, kills, leaks."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from trellis import launch
+from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+from trellis.builders.config import ExperimentConfig
+from trellis.builders.program import make_program
+from trellis.envs import EnvFactory
+from trellis.launch import shm
+
+pytestmark = pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")
+
+MEMFD = "/memfd:trellis-shm (deleted)"
+
+
+def _children() -> list[int]:
+    """Pids of this process's child processes."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == os.getpid():
+                pids.append(int(name))
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _shared_mappings(pid: int) -> set[str]:
+    """The inodes of the shared-memory channels that process `pid` maps."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split()[4] for line in f if line.rstrip().endswith(MEMFD)}
+    except OSError:  # Exited meanwhile.
+        return set()
+
+
+def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _learner_pid() -> int:
+    """The child process that maps both workers' channels: the learner (inference)."""
+    found: list[int] = []
+    _wait_for(lambda: found.extend(p for p in _children() if len(_shared_mappings(p)) == 2)
+              or found, "the learner to map both workers' slots")
+    return found[0]
+
+
+def _program(transport: str = "shm", max_actor_restarts: int = 1) -> launch.Program:
+    config = ExperimentConfig(num_actors=2, envs_per_actor=8, total_env_steps=10**9,
+                              max_actor_restarts=max_actor_restarts, log_every_s=0.5,
+                              transport=transport)
+    builder = ImpalaBuilder(ImpalaConfig(batch_size=16, unroll_length=20))
+    return make_program(builder, EnvFactory("CartPole-v1"), config, name="shm")
+
+
+def test_a_killed_worker_gets_fresh_slots_and_the_old_ones_are_released():
+    dev_shm = set(os.listdir("/dev/shm"))
+    program = _program()
+    running = launch.launch(program, platform="local_mp", block=False)
+    try:
+        learner = program.handles("learner")[0].dereference()
+        victim = program.handles("actor")[0].dereference()
+        worker_pids = {victim.pid(), program.handles("actor")[1].dereference().pid()}
+        # Each worker maps its own channel; the learner maps both: steps go through them.
+        _wait_for(lambda: all(len(_shared_mappings(p)) == 1 for p in worker_pids),
+                  "both workers to map their slots")
+        learner_pid = _learner_pid()
+        _wait_for(lambda: learner.env_steps() > 2_000, "2,000 env steps")
+        old_pid = victim.pid()
+        old_slots = _shared_mappings(old_pid)
+        os.kill(old_pid, signal.SIGKILL)
+        _wait_for(lambda: learner.stats()["slot_resets"] == 1, "the restarted worker's steps")
+        new_pid = program.handles("actor")[0].dereference().pid()  # A fresh connection.
+        new_slots = _shared_mappings(new_pid)
+        assert new_pid != old_pid and len(new_slots) == 1 and new_slots != old_slots
+        # The learner dropped the dead worker's channel and maps the new one instead.
+        _wait_for(lambda: _shared_mappings(learner_pid) & old_slots == set(),
+                  "the learner to release the killed worker's slots")
+        assert new_slots <= _shared_mappings(learner_pid)
+        assert len(_shared_mappings(learner_pid)) == 2
+        steps = learner.env_steps()
+        _wait_for(lambda: learner.env_steps() > steps + 2_000, "steps after the restart")
+    finally:
+        result = running.stop()
+    assert (result.stopped_by, result.error_node) == ("signal", None), result
+    assert running.restarts == {"actor/0": 1}
+    # Anonymous memfds: no name under /dev/shm at any point, nothing left behind.
+    assert {n for n in set(os.listdir("/dev/shm")) - dev_shm if "trellis" in n} == set()
+    _wait_for(lambda: all(map(_gone, [learner_pid, new_pid, *worker_pids])),
+              "every node process to exit")
+
+
+def test_a_killed_learner_stops_the_program_and_the_workers_see_it():
+    program = _program(max_actor_restarts=0)
+    running = launch.launch(program, platform="local_mp", block=False)
+    try:
+        learner = program.handles("learner")[0].dereference()
+        _wait_for(lambda: learner.env_steps() > 1_000, "1,000 env steps")
+        worker_pids = [h.dereference().pid() for h in program.handles("actor")]
+        learner_pid = _learner_pid()
+        os.kill(learner_pid, signal.SIGKILL)
+        result = running.wait(timeout=60)
+        assert result is not None, "the program did not stop after its learner was killed"
+    finally:
+        running.stop()
+    assert (result.stopped_by, result.error_node) == ("error", "learner"), result
+    _wait_for(lambda: all(map(_gone, [learner_pid, *worker_pids])), "every node process to exit")
+
+
+@pytest.mark.slow
+def test_the_socket_transport_maps_nothing():
+    program = _program(transport="socket")
+    running = launch.launch(program, platform="local_mp", block=False)
+    try:
+        learner = program.handles("learner")[0].dereference()
+        _wait_for(lambda: learner.env_steps() > 1_000, "1,000 env steps over the socket")
+        assert all(not _shared_mappings(p) for p in _children())
+    finally:
+        result = running.stop()
+    assert (result.stopped_by, result.error_node) == ("signal", None), result
