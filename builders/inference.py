@@ -69,12 +69,12 @@ class _Request:
     run_id: int
     data: dict[str, np.ndarray]
     channel: shm.Channel | None = None
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done: threading.Event | None = None  # The RPC path's wake-up (`step` makes one).
     actions: np.ndarray | None = None
     error: BaseException | None = None
 
     def finish(self) -> None:
-        if self.channel is None:
+        if self.done is not None:
             self.done.set()
             return
         if self.error is None and self.actions is not None:
@@ -167,21 +167,29 @@ def _bucket(n: int) -> int:
 
 
 def _act(policy: Policy, params, key, obs, first):
-    """A feed-forward policy's step: nothing to gather or scatter."""
-    actions, extras, _ = policy(params, key, obs, {}, first)
-    return actions, extras
+    """A feed-forward policy's step: nothing to gather or scatter; returns the next key first.
+
+    The key is split inside the jitted call: a split of its own costs about as much host time
+    as the whole policy call on a small network (CPU, 64 CartPole envs: ~50 of ~190 us,
+    measured on a busy 2-core machine).
+    """
+    key, step_key = jax.random.split(key)
+    actions, extras, _ = policy(params, step_key, obs, {}, first)
+    return key, actions, extras
 
 
 def _act_with_state(policy: Policy, params, key, obs, first, slots, state: State):
     """A stateful policy's step on the rows `slots` [N] of every slot's `state` [S, ...].
 
     Padding rows carry slot S (out of range): their gather reads some row (clipped) and
-    their scatter is dropped. Returns the rows used too, for the recorder.
+    their scatter is dropped. Returns the next key first (as `_act`), and the rows used too,
+    for the recorder.
     """
+    key, step_key = jax.random.split(key)
     rows = {name: s.at[slots].get(mode="clip") for name, s in state.items()}
-    actions, extras, new_rows = policy(params, key, obs, rows, first)
+    actions, extras, new_rows = policy(params, step_key, obs, rows, first)
     state = {name: s.at[slots].set(new_rows[name], mode="drop") for name, s in state.items()}
-    return actions, extras, state, rows
+    return key, actions, extras, state, rows
 
 
 def _reset_rows(state: State, initial: State, slots) -> State:
@@ -322,11 +330,12 @@ class InferenceServer:
                     f"worker {worker_id}: {name} has shape {np.shape(value)}, expected {expected}"
                 )
         self._on_steps(self._k, episodes)
-        request = _Request(worker_id, run_id, data)
+        done = threading.Event()
+        request = _Request(worker_id, run_id, data, done=done)
         self._requests.put(request)
         if self._hub is not None:
             self._hub.wake()
-        while not request.done.wait(0.1):
+        while not done.wait(0.1):
             if self._stop.is_set():
                 return None
         if request.error is not None:
@@ -397,7 +406,6 @@ class InferenceServer:
         n, padded_n = len(batch) * self._k, _bucket(len(batch) * self._k)
         obs = _padded(np.concatenate([r.data["obs"] for r in batch]), padded_n)
         first = _padded(np.concatenate([r.data["first"] for r in batch]), padded_n)
-        self._key, key = jax.random.split(self._key)
         state_rows = None
         if self._state:
             slots = np.full(padded_n, self._num_workers * self._k, np.int32)
@@ -406,12 +414,13 @@ class InferenceServer:
                 slots[i * self._k:(i + 1) * self._k] = worker_slots
                 if self._recorder.is_new_run(request.worker_id, request.run_id):
                     self._state = self._reset(self._state, self._initial, worker_slots)
-            actions, extras, self._state, state_rows = self._act(
-                self._params, key, obs, first, slots, self._state)
+            self._key, actions, extras, self._state, state_rows = self._act(
+                self._params, self._key, obs, first, slots, self._state)
         else:
-            actions, extras = self._act(self._params, key, obs, first)
-        actions = np.asarray(actions)[:n]
-        extras = {name: np.asarray(v)[:n] for name, v in extras.items()}
+            self._key, actions, extras = self._act(self._params, self._key, obs, first)
+        actions, extras = jax.device_get((actions, extras))  # One transfer for all of them.
+        actions = actions[:n]
+        extras = {name: v[:n] for name, v in extras.items()}
         host_rows = functools.cache(lambda: jax.device_get(state_rows))
         for i, request in enumerate(batch):
             rows = slice(i * self._k, (i + 1) * self._k)
