@@ -8,13 +8,17 @@ its own (on `local_mt`, since a class defined in a notebook cannot be pickled in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
+
+import jax
 
 from trellis import launch
 from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
@@ -96,7 +100,7 @@ def run_experiment(
     in_main = threading.current_thread() is threading.main_thread()
     # SIGTERM ends the run like Ctrl-C: nodes stopped, summary written.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
-    start = time.monotonic()
+    start, launched_at = time.monotonic(), time.time()
     running = launch.launch(program, platform=platform, block=False,
                             **(platform_options or {}))
     try:
@@ -148,6 +152,9 @@ def run_experiment(
         "node_restarts": running.restarts,  # Label -> restarts after failures (env workers).
         "stop_at_return": config.stop_at_return,
         "total_env_steps": config.total_env_steps,
+        # Seconds from the launch to this session's first env step and first learner update.
+        "startup_s": {name: None if t is None else round(t - launched_at, 3)
+                      for name, t in stats.get("startup", {}).items()},
     }
     if result.stopped_by == "error":
         summary["error"] = result.reason
@@ -157,6 +164,47 @@ def run_experiment(
     except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.
         pass
     return summary
+
+
+# Where runs side by side share JAX's persistent compilation cache: in their parent directory.
+COMPILE_CACHE_SUBDIR = ".jax_cache"
+
+
+def compile_cache_dir(run_dir: str) -> str:
+    """The compilation cache of the runs beside `run_dir` (e.g. runs/.jax_cache)."""
+    return os.path.join(os.path.dirname(os.path.abspath(run_dir)), COMPILE_CACHE_SUBDIR)
+
+
+@contextlib.contextmanager
+def compile_cache(directory: str | None) -> Iterator[None]:
+    """Inside, JAX's persistent compilation cache in `directory` is used by the node processes
+    started (they read it from the environment when they import JAX) and by this process if it
+    has not compiled anything yet (JAX decides once per process). A run of a config compiled
+    before then loads its programs instead of compiling them. None: changes nothing.
+    """
+    if directory is None:
+        yield
+        return
+    # Every program is kept, however fast it compiled: JAX's defaults skip those under 1 s,
+    # which are most of ours.
+    settings = {"jax_compilation_cache_dir": directory,
+                "jax_persistent_cache_min_compile_time_secs": 0.0,
+                "jax_persistent_cache_min_entry_size_bytes": 0}
+    saved_config = {name: getattr(jax.config, name) for name in settings}
+    saved_env = {name.upper(): os.environ.get(name.upper()) for name in settings}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)
+    try:
+        yield
+    finally:
+        for name, value in saved_config.items():
+            jax.config.update(name, value)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _write_config(run_dir, builder, config, options, argv, resume_steps) -> None:

@@ -200,6 +200,29 @@ class FiniteCheck:
                 f"may help)")
 
 
+class StartupTimes:
+    """When a session's first env step and first learner update were seen, as `time.time()`
+    (comparable across the processes of one host, e.g. with the launcher's start).
+
+    Args:
+      start: the counter when the session starts (a resumed run's counts are not zero).
+    """
+
+    def __init__(self, start: CounterSnapshot):
+        self._start = start
+        self.first_env_step: float | None = None
+        self.first_learner_step: float | None = None
+
+    def observe(self, snapshot: CounterSnapshot) -> None:
+        """Notes the time of the first change of each count since `start`."""
+        now = time.time()
+        if self.first_env_step is None and snapshot.env_steps > self._start.env_steps:
+            self.first_env_step = now
+        if (self.first_learner_step is None
+                and snapshot.learner_steps > self._start.learner_steps):
+            self.first_learner_step = now
+
+
 class LearnerNode:
     """Service node: central inference for the env workers, and the learner loop in `run()`.
 
@@ -278,6 +301,7 @@ class LearnerNode:
                            if config.transport == "shm" else None),
         )
         self._finite = FiniteCheck()
+        self._startup = StartupTimes(self._counter.snapshot())
         self._metrics: dict[str, float] = {}
         self._evaluation: dict[str, Any] | None = None
 
@@ -317,6 +341,9 @@ class LearnerNode:
             inference_batches=self._inference.batches,
             slot_resets=self._inference.slot_resets,
             queue_size=self._feed.size(),
+            # A dict: metrics records and TensorBoard leave it out.
+            startup={"first_env_step": self._startup.first_env_step,
+                     "first_learner_step": self._startup.first_learner_step},
             **self._metrics,
         )
         return stats
@@ -358,6 +385,7 @@ class LearnerNode:
         """Learner updates until the stop rule gives its reason, or None if stopped outside."""
         while not self._stop.is_set():
             snapshot = self._counter.snapshot()
+            self._startup.observe(snapshot)  # Within one loop pass (<= 50 ms when idle).
             reason = self._stop_rule(snapshot)
             if reason is not None:
                 return reason

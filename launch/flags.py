@@ -64,6 +64,9 @@ class RunOptions(Config):
         "local Ray instance for this run (docs/cluster.md)")
     logdir: str | None = setting(None, "run directory; none: runs/AGENT-ENV-TIME")
     quiet: bool = setting(False, "no progress output")
+    no_compile_cache: bool = setting(
+        False, "compile every jitted program afresh instead of using JAX's persistent "
+        "compilation cache, kept beside the run directory (runs/.jax_cache)")
     config: str | None = setting(
         None, "a JSON or YAML file of settings (a run's config.json too); flags override it")
     resume: str | None = setting(

@@ -49,7 +49,7 @@ def build(run: RunSettings):
 def train(run: RunSettings, argv: Sequence[str]) -> int:
     """Runs the experiment of `run` (parsed from `argv`); returns the exit code (2: bad input)."""
     from trellis.builders.checkpointing import CheckpointError
-    from trellis.builders.experiment import run_experiment
+    from trellis.builders.experiment import compile_cache, compile_cache_dir, run_experiment
 
     try:
         builder, env_factory = build(run)
@@ -59,13 +59,16 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     options = run.options
     run_dir = options.logdir or new_run_dir(options.agent, options.env)
     platform_options = {"ray_address": options.ray_address} if options.platform == "ray" else {}
+    cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:
-        summary = run_experiment(
-            builder, env_factory, run.experiment, run_dir, platform=options.platform,
-            platform_options=platform_options, quiet=options.quiet,
-            resume=options.resume is not None, options=run.saved_options(), argv=list(argv),
-            # Constant: no schedules yet.
-            extra_metrics={"learning_rate": run.agent.learning_rate})
+        with compile_cache(cache):
+            summary = run_experiment(
+                builder, env_factory, run.experiment, run_dir, platform=options.platform,
+                platform_options=platform_options, quiet=options.quiet,
+                resume=options.resume is not None, options=run.saved_options(),
+                argv=list(argv),
+                # Constant: no schedules yet.
+                extra_metrics={"learning_rate": run.agent.learning_rate})
     except CheckpointError as e:
         print(f"run.py: error: --resume: {e}", file=sys.stderr)
         return 2
