@@ -180,10 +180,16 @@ def diagonal_gaussian_log_prob(mean: jax.Array, log_std: jax.Array, x: jax.Array
 
 
 def make_optimizer(config: AgentConfig) -> optax.GradientTransformation:
-    """Adam after global-norm gradient clipping, as `config` sets them."""
+    """Adam after global-norm gradient clipping, as `config` sets them.
+
+    The learning rate is injected (`optax.inject_hyperparams`): it lives in the optimizer
+    state as an array, so checkpoints keep it and `set_hparams` changes it without a
+    recompilation. Adam's other settings stay constants of the compiled update.
+    """
+    adam = optax.inject_hyperparams(optax.adam, static_args=("b1", "b2", "eps", "eps_root"))
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adam(config.learning_rate, eps=config.adam_eps),
+        adam(learning_rate=config.learning_rate, eps=config.adam_eps),
     )
 
 
@@ -193,17 +199,75 @@ class TrainingState:
     opt_state: optax.OptState
     key: jax.Array
     step: jax.Array
+    # Hyper-parameters the update reads from the state, not from its config (e.g.
+    # entropy_cost): float32 scalars, so PBT and populations change them without recompiling.
+    hparams: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
 
 
 def init_training_state(
     init_params: Callable[[jax.Array], Any],
     optimizer: optax.GradientTransformation,
     key: jax.Array,
+    hparams: Mapping[str, float] | None = None,
 ) -> TrainingState:
-    """Fresh params and optimizer state; the rest of `key` becomes the state's own key."""
+    """Fresh params and optimizer state; the rest of `key` becomes the state's own key.
+
+    Args:
+      init_params: `init_params(key) -> params`.
+      optimizer: e.g. `make_optimizer(config)`.
+      key: the learner's key.
+      hparams: the hyper-parameters the update reads from `state.hparams`, with their
+        initial values (from the config).
+    """
     init_key, state_key = jax.random.split(key)
     params = init_params(init_key)
-    return TrainingState(params, optimizer.init(params), state_key, jnp.zeros((), jnp.int32))
+    return TrainingState(params, optimizer.init(params), state_key, jnp.zeros((), jnp.int32),
+                         {name: jnp.asarray(v, jnp.float32) for name, v in (hparams or {}).items()})
+
+
+# --- Hyper-parameters in a training state ---------------------------------------------
+#
+# A state's hyper-parameters are the injected ones of its optimizer states (the learning
+# rate; SAC's three optimizers share it) and its `hparams` field. They are arrays the jitted
+# update reads, so these helpers work on any state, inside jit and vmap too.
+
+
+def _is_injected(node: Any) -> bool:
+    return isinstance(node, optax.InjectStatefulHyperparamsState)
+
+
+def get_hparams(state: Any) -> dict[str, jax.Array]:
+    """The hyper-parameters held by a training state: {name: scalar array}."""
+    found: dict[str, jax.Array] = {}
+    for node in jax.tree.leaves(state, is_leaf=_is_injected):
+        if _is_injected(node):
+            found.update(node.hyperparams)
+    found.update(getattr(state, "hparams", {}))
+    return found
+
+
+def set_hparams(state: Any, values: Mapping[str, Any]) -> Any:
+    """A copy of `state` with the hyper-parameters in `values` replaced (keeping their dtypes).
+
+    Raises:
+      ValueError: a name in `values` is not a hyper-parameter of `state`.
+    """
+    held = get_hparams(state)
+    unknown = sorted(set(values) - set(held))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} not among this training state's "
+                         f"hyper-parameters ({', '.join(sorted(held)) or 'none'})")
+
+    def put(hparams: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        return {name: jnp.asarray(values[name], jnp.result_type(v)) if name in values else v
+                for name, v in hparams.items()}
+
+    state = jax.tree.map(
+        lambda node: node._replace(hyperparams=put(node.hyperparams)) if _is_injected(node)
+        else node, state, is_leaf=_is_injected)
+    if isinstance(getattr(state, "hparams", None), dict):
+        state = state.replace(hparams=put(state.hparams))
+    return state
 
 
 # --- Data-parallel host shell ---------------------------------------------------------
@@ -276,7 +340,8 @@ class DataParallelLearner:
         return self._state
 
     def restore(self, state) -> None:
-        """Replaces the training state, e.g. with one read from a checkpoint.
+        """Replaces the training state, e.g. with one read from a checkpoint, keeping this
+        learner's hyper-parameters (`get_hparams`).
 
         Raises:
           ValueError: `state` is not structured like this learner's state.
@@ -284,6 +349,9 @@ class DataParallelLearner:
         expected, got = jax.tree.structure(self._state), jax.tree.structure(state)
         if expected != got:
             raise ValueError(f"cannot restore a learner state shaped {got}; expected {expected}")
+        # The hyper-parameters stay this learner's (its config's): a resumed run's flags and
+        # PBT's new values apply to the params, moments, key and step that `state` brings.
+        state = set_hparams(state, get_hparams(self._state))
         self._state = jax.device_put(state, self._replicated)
 
 

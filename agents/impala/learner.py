@@ -35,18 +35,18 @@ def make_update(
     loss_fn = functools.partial(
         impala_loss,
         baseline_cost=config.baseline_cost,
-        entropy_cost=config.entropy_cost,
         lambda_=config.vtrace_lambda,
         clip_rho_threshold=config.clip_rho_threshold,
         clip_pg_rho_threshold=config.clip_pg_rho_threshold,
     )
 
-    def batch_loss(params, batch: Batch):
+    def batch_loss(params, batch: Batch, entropy_cost: jax.Array):
         logits, values, _ = networks.apply(  # [T+1, B, A], [T+1, B]
             params, batch["obs"], batch["first"], recorded_state(batch))
         discounts = config.discount * (1.0 - batch["terminated"][1:].astype(jnp.float32))
         mask = 1.0 - batch["first"][1:].astype(jnp.float32)  # [T, B]
-        losses, metrics = jax.vmap(loss_fn, in_axes=1)(
+        losses, metrics = jax.vmap(functools.partial(loss_fn, entropy_cost=entropy_cost),
+                                   in_axes=1)(
             logits,
             values,
             batch["action"][:-1],
@@ -59,13 +59,14 @@ def make_update(
 
     def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
         (loss, metrics), grads = jax.value_and_grad(batch_loss, has_aux=True)(
-            state.params, batch
+            state.params, batch, state.hparams["entropy_cost"]
         )
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         key, _ = jax.random.split(state.key)
         metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
-        return TrainingState(params, opt_state, key, state.step + 1), metrics
+        return state.replace(params=params, opt_state=opt_state, key=key,
+                             step=state.step + 1), metrics
 
     return update
 
@@ -82,7 +83,8 @@ class Learner(DataParallelLearner):
     ):
         optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_training_state, networks.init, optimizer),
+            init=functools.partial(init_training_state, networks.init, optimizer,
+                                   hparams={"entropy_cost": config.entropy_cost}),
             make_update=lambda mesh: make_update(networks, optimizer, config),
             key=key,
             batch_size=config.batch_size,

@@ -85,7 +85,7 @@ def impala_loss(
     mask: jax.Array,
     *,
     baseline_cost: float,
-    entropy_cost: float,
+    entropy_cost: float | jax.Array,
     lambda_: float = 1.0,
     clip_rho_threshold: float = 1.0,
     clip_pg_rho_threshold: float = 1.0,

@@ -83,14 +83,13 @@ def make_update(
         ppo_loss,
         clip_epsilon=config.clip_epsilon,
         value_cost=config.value_cost,
-        entropy_cost=config.entropy_cost,
         value_clip_epsilon=config.value_clip_epsilon,
         normalize_advantages=config.normalize_advantages,
     )
     distribution = networks.distribution
     num_minibatches, num_transitions = config.num_minibatches, config.num_transitions
 
-    def minibatch_loss(params, mb: dict):
+    def minibatch_loss(params, mb: dict, entropy_cost: jax.Array):
         dist_params, values = networks.apply(params, mb["obs"])  # [N, ...], [N]
         return loss_fn(
             distribution.log_prob(dist_params, mb["action"]),
@@ -101,11 +100,13 @@ def make_update(
             mb["advantage"],
             mb["return"],
             mb["mask"],
+            entropy_cost=entropy_cost,
         )
 
-    def sgd_step(carry, mb: dict):
+    def sgd_step(entropy_cost: jax.Array, carry, mb: dict):
         params, opt_state = carry
-        (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(params, mb)
+        (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
+            params, mb, entropy_cost)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
@@ -116,21 +117,23 @@ def make_update(
         spec = PartitionSpec(None, "data")  # [M, N / M, ...]: each minibatch split.
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
-    def epoch(transitions: dict, carry, key: jax.Array):
+    def epoch(transitions: dict, entropy_cost: jax.Array, carry, key: jax.Array):
         order = jax.random.permutation(key, num_transitions)
         minibatches = jax.tree.map(
             lambda x: shard(x[order].reshape((num_minibatches, -1) + x.shape[1:])), transitions
         )
-        return jax.lax.scan(sgd_step, carry, minibatches)
+        return jax.lax.scan(functools.partial(sgd_step, entropy_cost), carry, minibatches)
 
     def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
         transitions = make_transitions(networks, config, batch)
         keys = jax.random.split(state.key, config.num_epochs + 1)
         (params, opt_state), metrics = jax.lax.scan(
-            functools.partial(epoch, transitions), (state.params, state.opt_state), keys[1:]
+            functools.partial(epoch, transitions, state.hparams["entropy_cost"]),
+            (state.params, state.opt_state), keys[1:]
         )
         metrics = jax.tree.map(jnp.mean, metrics)
-        return TrainingState(params, opt_state, keys[0], state.step + 1), metrics
+        return state.replace(params=params, opt_state=opt_state, key=keys[0],
+                             step=state.step + 1), metrics
 
     return update
 
@@ -154,7 +157,8 @@ class Learner(DataParallelLearner):
             )
         optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_training_state, networks.init, optimizer),
+            init=functools.partial(init_training_state, networks.init, optimizer,
+                                   hparams={"entropy_cost": config.entropy_cost}),
             make_update=lambda mesh: make_update(networks, optimizer, config, mesh),
             key=key,
             batch_size=config.batch_size,

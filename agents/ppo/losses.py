@@ -154,7 +154,7 @@ def ppo_loss(
     *,
     clip_epsilon: float,
     value_cost: float,
-    entropy_cost: float,
+    entropy_cost: float | jax.Array,
     value_clip_epsilon: float | None = None,
     normalize_advantages: bool = True,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
