@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -57,6 +58,7 @@ def run_experiment(
     argv: list[str] | None = None,
     extra_metrics: dict[str, Any] | None = None,
     platform_options: dict[str, Any] | None = None,
+    on_stats: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[str, Any]:
     """Trains `builder` on `env_factory`'s envs until `config` says stop; returns the summary.
 
@@ -75,6 +77,8 @@ def run_experiment(
       argv: the command line of this session, recorded in config.json's run record.
       extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
       platform_options: passed on to `launch.launch` (e.g. `ray_address`).
+      on_stats: called with each stats record of the learner node as it is logged (e.g. to
+        report to Ray Tune); returning True stops the run (stopped_by "signal").
 
     Returns:
       The summary (also in RUN_DIR/summary.json), with "exit_code": 0 when the run stopped
@@ -114,6 +118,8 @@ def run_experiment(
                     stats = pending.result()
                     progress_bar.update(stats)
                     writer.log(stats, extra_metrics)
+                    if on_stats is not None and on_stats(stats):
+                        result = running.stop()
                 pending = None
             if result is None and pending is None:
                 pending = learner.futures.stats()
