@@ -15,8 +15,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
