@@ -1,6 +1,7 @@
 """The `ray` platform: nodes as Ray actors on a local Ray instance that the launch starts
 and stops; same results, restarts and errors as local_mp, and no Ray process left behind."""
 
+import contextlib
 import json
 import os
 import signal
@@ -76,6 +77,37 @@ def test_restart_and_error_on_ray(tmp_path, capfd):
     _assert_no_new_ray_processes(before)
 
 
+def _group_pids(pgids: set[int]) -> set[int]:
+    """Live processes whose process group is one of `pgids`."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, _, pgid = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if state != "Z" and int(pgid) in pgids:
+            pids.add(int(entry))
+    return pids
+
+
+def _stop_ray_nodes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each `ray start` (it stops its node), then SIGKILL to whatever of their
+    process groups outlives it: on a busy machine Ray's own processes can take longer to exit
+    than their `ray start`, and would outlive the test."""
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):  # No process of the group is left.
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def _ray_start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     """`ray start ... --block` in a session of its own (so killpg ends its whole tree)."""
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -94,17 +126,19 @@ from trellis import launch
 from tests import launch_nodes as nodes
 
 address = sys.argv[1]
-deadline = time.monotonic() + 60
-while True:  # Until the head answers and the second node has joined it.
+deadline = time.monotonic() + 180  # Ray's processes start slowly on a busy machine.
+while True:  # Until the head answers.
     try:
         ray.init(address=address)
-        if len([n for n in ray.nodes() if n["Alive"]]) == 2:
-            break
-        ray.shutdown()
+        break
     except ConnectionError:
-        pass
-    assert time.monotonic() < deadline, "the two-node Ray cluster did not come up"
-    time.sleep(0.5)
+        assert time.monotonic() < deadline, "the Ray head did not come up"
+        time.sleep(0.5)
+# Connected once, then wait for the second node: a driver that disconnects while a node is
+# joining can block in ray.shutdown() for minutes on a busy machine (the test's old hang).
+while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+    assert time.monotonic() < deadline, "the second Ray node did not join the head"
+    time.sleep(0.2)
 head = next(n["NodeID"] for n in ray.nodes() if "learner" in n["Resources"])
 program = launch.Program("placement")
 with program.group("learner", resources={"learner": 1}):
@@ -119,15 +153,11 @@ print(json.dumps(placed))
 """
 
 
-# Slow: it starts a two-node cluster with `ray start`; in 1 of 3 full-suite runs on 2 cores
-# its placement script hung until the 120 s timeout (it passes alone in ~13 s), cause unknown.
-@pytest.mark.slow
 def test_groups_land_on_the_nodes_with_their_resources():
     """A head with a custom "learner" resource and a CPU-only second node (both on loopback):
     the learner group goes to the head, the env-worker group to the other node."""
     from trellis.launch import rpc
 
-    before = _ray_pids()
     # Both nodes bind 127.0.0.1 only, so the test cluster runs without Ray's auth token.
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     port = rpc.free_port()
@@ -137,21 +167,19 @@ def test_groups_land_on_the_nodes_with_their_resources():
     try:
         procs.append(_ray_start([f"--address={address}", "--num-cpus=3"], env))
         out = subprocess.run([sys.executable, "-c", PLACEMENT_SCRIPT, address], env=env,
-                             capture_output=True, text=True, timeout=120, cwd=REPO)
+                             capture_output=True, text=True, timeout=240, cwd=REPO)
         assert out.returncode == 0, out.stderr[-4000:]
         placed = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop_ray_nodes(procs)
     assert placed["learner"] == placed["head"]
     assert len(placed["actors"]) == 2 and placed["head"] not in placed["actors"]
-    _assert_no_new_ray_processes(before)
+    # Only this test's nodes: other Ray instances on the machine are not its business.
+    groups = {proc.pid for proc in procs}
+    deadline = time.monotonic() + 15
+    while _group_pids(groups) and time.monotonic() < deadline:  # SIGKILLed, not yet gone.
+        time.sleep(0.2)
+    assert not _group_pids(groups), "Ray processes left behind"
 
 
 def test_impala_learns_on_ray_and_exits_0(tmp_path):
