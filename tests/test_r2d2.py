@@ -100,7 +100,7 @@ def jnp_trace(trace):
 
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("n", [1, 3, 5])
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_n_step_double_q_td_errors_match_float64_reference(n, seed, jit):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng)
