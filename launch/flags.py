@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import gymnasium
+import numpy as np
 import yaml
 
 from trellis.agents.registry import AGENTS, agent_module
@@ -36,7 +36,7 @@ from trellis.builders.config import (
     settings,
 )
 from trellis.builders.rundir import AGENT_CONFIG, COMMAND_LINE, CONFIG, EXPERIMENT, RUN_RECORD
-from trellis.envs import EnvFactory, UnknownEnvError
+from trellis.envs import UnknownEnvError, make_env_factory
 from trellis.launch import PLATFORMS
 
 # stop_at_return's command-line value for the env's Gymnasium reward_threshold; resolved here
@@ -49,6 +49,9 @@ FIXED_ON_RESUME = ("agent", "env")
 _NOT_SAVED = ("config", "resume", "logdir")
 _COMMAND_LINE_ONLY = ("config", "resume")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+# The platform that runs act and learn as one jitted program (builders/anakin_run.py), beside
+# the runtime's platforms, for envs written in JAX.
+ANAKIN = "anakin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,8 @@ class RunOptions(Config):
     agent: str = setting("impala", "the agent to train", choices=sorted(AGENTS))
     env: str = setting("CartPole-v1", "a Gymnasium id")
     platform: str = setting(
-        "local_mp", "where the nodes run: threads, local processes or Ray", choices=PLATFORMS)
+        "local_mp", "where the nodes run: threads, local processes or Ray; anakin: one jitted "
+        "program for JAX envs (docs/anakin.md)", choices=(*PLATFORMS, ANAKIN))
     ray_address: str | None = setting(
         None, "--platform=ray: 'auto' or HOST:PORT joins a running Ray cluster; none starts a "
         "local Ray instance for this run (docs/cluster.md)")
@@ -72,10 +76,29 @@ class RunOptions(Config):
     resume: str | None = setting(
         None, "continue the run in this directory from its newest checkpoint, with its "
         "settings (flags given here override them, except agent and env)")
+    # The anakin platform's population (docs/anakin.md).
+    num_seeds: int = setting(
+        1, "anakin: members trained in one program, each with its own params, optimizer "
+        "state, envs and RNG", ge=1)
+    member_hparams: str | None = setting(
+        None, "anakin: the members' hyper-parameters, NAME=V1,V2,... (one value per member, "
+        "or one for all) or NAME=LOW:HIGH (log-uniform per member), several joined by ';', "
+        "e.g. learning_rate=1e-3:1e-2;entropy_cost=0.01")
+    updates_per_call: int = setting(
+        8, "anakin: updates per compiled call; between calls the host logs, checkpoints and "
+        "checks the stop rule", ge=1)
+    compilation_cache: str | None = setting(
+        "~/.cache/trellis/jax", "anakin: directory of JAX's persistent compilation cache (a "
+        "later run of the same program loads it instead of compiling); none: off")
 
     def check(self) -> None:
         if self.ray_address is not None and self.platform != "ray":
             raise self.invalid("ray_address", "none unless --platform=ray")
+        if self.platform != ANAKIN:
+            if self.num_seeds != 1:
+                raise self.invalid("num_seeds", "1 unless --platform=anakin")
+            if self.member_hparams is not None:
+                raise self.invalid("member_hparams", "none unless --platform=anakin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +108,11 @@ class RunSettings:
     options: RunOptions
     experiment: ExperimentConfig
     agent: Any  # The agent's Config.
+
+    def population_hparams(self) -> dict[str, list[float]]:
+        """The anakin members' hyper-parameters, {name: one value per member}."""
+        return member_hparams(self.options.member_hparams, self.options.num_seeds,
+                              self.experiment.seed)
 
     def saved_options(self) -> dict[str, Any]:
         """The options config.json records: all but those that say how this invocation was
@@ -194,6 +222,37 @@ def _scalar(s: Setting, text: str) -> Any:
         raise UsageError(f"--{s.name} must be {_requirement(s)}, got {text!r}") from None
 
 
+def member_hparams(text: str | None, num_seeds: int, seed: int) -> dict[str, list[float]]:
+    """`--member_hparams` as {name: num_seeds values}: a list of one value per member (or one
+    for all), or LOW:HIGH drawn log-uniformly per member from a generator seeded by `seed`.
+
+    Raises:
+      UsageError: the text is not of that form, or a list has neither 1 nor num_seeds values.
+    """
+    rng = np.random.default_rng([seed, 0x4A4B])  # Its own stream: not the run's other draws.
+    out: dict[str, list[float]] = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(";"))):
+        name, _, values = (x.strip() for x in item.partition("="))
+        try:
+            if ":" in values:
+                low, high = (float(x) for x in values.split(":"))
+                if not 0 < low <= high:
+                    raise ValueError
+                out[name] = np.exp(rng.uniform(np.log(low), np.log(high), num_seeds)).tolist()
+            else:
+                given = [float(x) for x in values.split(",")]
+                if len(given) not in (1, num_seeds):
+                    raise UsageError(f"--member_hparams: {name} has {len(given)} values; give "
+                                     f"1 or --num_seeds={num_seeds}")
+                out[name] = given * (num_seeds // len(given))
+        except ValueError:
+            raise UsageError(f"--member_hparams: {item!r} must be NAME=V1,V2,... or "
+                             "NAME=LOW:HIGH with 0 < LOW <= HIGH") from None
+        if not name.isidentifier():
+            raise UsageError(f"--member_hparams: {item!r} must start with a setting's name")
+    return out
+
+
 def read_file(path: str) -> dict[str, Any]:
     """The settings in a JSON or YAML file, by name (sections of a config.json merged).
 
@@ -265,7 +324,7 @@ def _saved(run_dir: str) -> dict[str, Any]:
 def _build(values: dict[str, Any], origin: dict[str, str], agent_config: type) -> RunSettings:
     """The three configs from values by name; a ConfigError names where the value came from."""
     if values.get("stop_at_return") == AUTO:
-        values["stop_at_return"] = gymnasium.spec(values["env"]).reward_threshold
+        values["stop_at_return"] = make_env_factory(values["env"]).reward_threshold()
     try:
         built = [cls(**{s.name: values[s.name] for s in settings(cls) if s.name in values})
                  for cls in _classes(agent_config)]
@@ -278,13 +337,15 @@ def _build(values: dict[str, Any], origin: dict[str, str], agent_config: type) -
     return RunSettings(*built)
 
 
-def parse(argv: Sequence[str], prog: str = "run.py", description: str = "") -> RunSettings:
+def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
+          defaults: dict[str, Any] | None = None) -> RunSettings:
     """The run's settings: defaults, then the --resume run's or the --config file's, then flags.
 
     Args:
       argv: the command line's arguments (without the program).
       prog: the program's name in help and errors.
       description: the first line of --help.
+      defaults: settings whose defaults differ for this command line (tune.py's platform).
 
     Returns:
       The validated settings; with --resume, `options.logdir` is the resumed run's directory.
@@ -315,12 +376,23 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "") -> R
     if given.get("resume") is not None:
         given["logdir"] = given["resume"]
     origin.update(dict.fromkeys(given, "--"))
-    values = {"env": RunOptions.env, "stop_at_return": AUTO, **base, **given}
+    values = {"env": RunOptions.env, "stop_at_return": AUTO, **(defaults or {}), **base,
+              **given}
     try:
-        EnvFactory(values["env"]).validate()
+        env_factory = make_env_factory(values["env"])
+        env_factory.validate()
     except UnknownEnvError as e:
         raise UsageError(str(e)) from None
-    return _build(values, origin, agent_config)
+    platform = values.get("platform", RunOptions.platform)
+    if env_factory.jax_native and platform != ANAKIN:
+        raise UsageError(f"--env={values['env']} is written in JAX: it runs with "
+                         f"--platform={ANAKIN}, not {platform}")
+    if platform == ANAKIN and not env_factory.jax_native:
+        raise UsageError(f"--platform={ANAKIN} needs an env written in JAX, e.g. "
+                         f"--env=gymnax:CartPole-v1; {values['env']!r} is a Gymnasium id")
+    run = _build(values, origin, agent_config)
+    run.population_hparams()  # Its errors here, before anything starts.
+    return run
 
 
 def _base(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -343,6 +415,29 @@ def _base(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         if name in base:
             raise UsageError(f"{origin[name]}{name} can only be given on the command line")
     return base, origin
+
+
+def parse_groups(argv: Sequence[str], prog: str,
+                 groups: Sequence[tuple[str, type]]) -> tuple[list[Any], list[str]]:
+    """Another command line's own settings (e.g. tune.py's), flags generated from `groups`
+    of (title, Config class) as for run.py's: the built configs, and the arguments left for
+    `parse`. With --help, prints these groups' flags first (`parse` prints the rest).
+
+    Raises:
+      UsageError: a value of these settings is bad; one line naming it.
+    """
+    known = {s.name: s for _, cls in groups for s in settings(cls)}
+    parser = _parser(prog, "", groups, add_help=False)
+    if "-h" in argv or "--help" in argv:
+        print(parser.format_help().split("\n", 2)[2])  # Without the usage line.
+    given, rest = _given(parser, argv, known)
+    try:
+        built = [cls(**{s.name: given[s.name] for s in settings(cls) if s.name in given})
+                 for _, cls in groups]
+    except ConfigError as e:
+        raise UsageError(f"--{e.field} must be {e.requirement.replace(' or None', ' or none')}"
+                         f", got {_quoted(e.value)}") from None
+    return built, rest
 
 
 def load_run(run_dir: str) -> RunSettings:

@@ -1,0 +1,320 @@
+"""One anakin run: the host loop around `builders.anakin.Population`, with its run directory.
+
+The host calls the compiled step (`updates_per_call` updates of every member) and between
+calls logs (metrics.jsonl and TensorBoard every `log_every_s`), shows progress, checkpoints
+(orbax, every `checkpoint_every_s` and at stop) and checks the stop rule: the env-step budget
+(per member: the members step in lockstep) or every member's mean return over its last
+`return_window` episodes at `stop_at_return` (all members, so a population stops once each
+member has solved). Ctrl-C and SIGTERM stop it with a checkpoint and a summary, as on the
+other platforms.
+
+summary.json's `wall_time_s` counts from the process's start (interpreter, imports and
+compilation included) to the moment the stop rule fired, plus the time of earlier sessions of
+a resumed run; `members` lists each member's result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from trellis.agents.common import ReplayLearner, get_hparams
+from trellis.builders.anakin import Anakin, Population
+from trellis.builders.checkpointing import Checkpointer, checkpoint_dir
+from trellis.builders.curves import plot_run
+from trellis.builders.progress import Progress
+from trellis.builders.rundir import SUMMARY, RunWriter, write_json
+from trellis.builders.stop import StopRule
+
+ANAKIN = "anakin"
+
+
+class AnakinError(ValueError):
+    """The run cannot go on the anakin platform (agent, env or hyper-parameters): one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationSettings:
+    """What the anakin platform adds to a run's settings.
+
+    Attributes:
+      num_seeds: M, members trained in one program.
+      hparams: {name: M values}, the members' starting hyper-parameters (others: the config's).
+      updates_per_call: updates of every member per compiled call.
+      compilation_cache: directory of JAX's persistent compilation cache, or None (off).
+    """
+
+    num_seeds: int = 1
+    hparams: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
+    updates_per_call: int = 8
+    compilation_cache: str | None = None
+
+
+def use_compilation_cache(directory: str) -> None:
+    """Keeps every compiled program in `directory` (JAX's persistent cache), so that a later
+    process running the same program loads it instead of compiling it again: on a 2-core CPU
+    machine, compiling the PPO update alone takes seconds. Takes effect for the programs this
+    process compiles after the call."""
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def seconds_since_process_start() -> float | None:
+    """How long this process has run (Linux's /proc), or None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            # Field 22 (after the parenthesised name, which may hold spaces): start time in
+            # clock ticks since boot.
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def make_population(builder: Any, env_factory: Any, seed: int, return_window: int,
+                    settings: PopulationSettings) -> Population:
+    """The agent's anakin program for `settings.num_seeds` members, compiled on first call.
+
+    Raises:
+      AnakinError: an env that is not written in JAX, a recurrent policy, an agent whose
+        learner does not learn from unrolls directly (replay agents), or unknown
+        hyper-parameter names.
+    """
+    if not getattr(env_factory, "jax_native", False):
+        raise AnakinError(f"--platform=anakin needs an env written in JAX, e.g. "
+                          f"gymnax:CartPole-v1; {env_factory.env_id!r} is a Gymnasium id "
+                          "(use --platform=local_mp for it)")
+    spec = env_factory.spec()
+    config = builder.config
+    initial_state = builder.initial_state(spec, config.batch_size)
+    if initial_state:
+        raise AnakinError("--platform=anakin runs feed-forward policies only; this agent's "
+                          "policy is recurrent (use --platform=local_mp for it)")
+    networks = builder.make_networks(spec)
+    root = jax.random.key(seed)
+    learner = builder.make_learner(networks, spec, root)
+    if isinstance(learner, ReplayLearner):
+        raise AnakinError(f"--platform=anakin runs agents that learn from unrolls directly "
+                          f"(impala, ppo); {type(builder).__name__}'s learner replays "
+                          "transitions on the host")
+    known = sorted(get_hparams(learner.state))
+    unknown = sorted(set(settings.hparams) - set(known))
+    if unknown:
+        raise AnakinError(f"--member_hparams: {', '.join(unknown)} is not a hyper-parameter "
+                          f"of this agent (it has: {', '.join(known)})")
+    anakin = Anakin(env=env_factory.make(), policy=builder.make_policy(networks),
+                    init=learner.init, update=learner.make_update(learner.mesh),
+                    initial_state=initial_state, num_envs=config.batch_size,
+                    unroll_length=config.unroll_length, return_window=return_window)
+    keys = jax.random.split(jax.random.fold_in(root, 1), settings.num_seeds)
+    return Population(anakin, learner.mesh, keys, settings.hparams, settings.updates_per_call)
+
+
+def population_stats(snapshots: Sequence[Any], hparams: Sequence[Mapping[str, float]]
+                     ) -> tuple[dict[str, Any], dict[str, float]]:
+    """(stats, per-member fields) of the members' counters.
+
+    stats are as the learner node reports them, aggregated over members: the mean of their
+    mean returns, the min and max over all their windows, episodes summed. The per-member
+    fields are `member/<i>/return_mean` and each member's hyper-parameters, for metrics.
+    """
+    per_member = [s.stats() for s in snapshots]
+    means = [s["mean_return"] for s in per_member if s["mean_return"] is not None]
+    returns = [r for s in snapshots for r in s.returns]
+    lengths = [n for s in snapshots for n in s.lengths]
+    stats = {
+        "env_steps": snapshots[0].env_steps,
+        "learner_steps": snapshots[0].learner_steps,
+        "episodes": sum(s.episodes for s in snapshots),
+        "mean_return": float(np.mean(means)) if means else None,
+        "min_return": float(np.min(returns)) if returns else None,
+        "max_return": float(np.max(returns)) if returns else None,
+        "returns_in_window": min(s["returns_in_window"] for s in per_member),
+        "mean_episode_length": float(np.mean(lengths)) if lengths else None,
+        "elapsed_s": snapshots[0].elapsed_s,
+        "resumes": snapshots[0].resumes,
+    }
+    fields: dict[str, float] = {}
+    if len(snapshots) > 1:
+        for i, (s, h) in enumerate(zip(per_member, hparams, strict=True)):
+            if s["mean_return"] is not None:
+                fields[f"member/{i}/return_mean"] = s["mean_return"]
+            fields.update({f"member/{i}/{name}": value for name, value in h.items()})
+    return stats, fields
+
+
+def _member_hparams(population: Population) -> list[dict[str, float]]:
+    values = jax.device_get(get_hparams(population.state.train))
+    return [{name: float(v[m]) for name, v in values.items()}
+            for m in range(population.num_members)]
+
+
+def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
+               settings: PopulationSettings, *, quiet: bool = False,
+               resume: tuple[int, dict[str, Any]] | None = None,
+               options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Trains on the anakin platform until `config` says stop; returns the summary.
+
+    Args:
+      builder, env_factory, config, run_dir: as for `builders.experiment.run_experiment`
+        (which writes config.json and calls this for --platform=anakin).
+      settings: members, their hyper-parameters, updates per compiled call.
+      quiet: no progress output.
+      resume: (step, progress) of the checkpoint to continue from
+        (`builders.checkpointing.latest_checkpoint`).
+      options: the command line's options (for the summary's agent name).
+
+    Raises:
+      AnakinError: see `make_population`.
+    """
+    process_age = seconds_since_process_start()
+    session_start = time.monotonic() - (process_age or 0.0)
+    if settings.compilation_cache is not None:
+        use_compilation_cache(settings.compilation_cache)
+    resume_steps = resume[1]["env_steps"] if resume else None
+    elapsed_before = float(resume[1].get("elapsed_s", 0.0)) if resume else 0.0
+    resumes = int(resume[1].get("resumes", 0)) + 1 if resume else 0
+    population = make_population(builder, env_factory, config.seed, config.return_window,
+                                 settings)
+    checkpoints = Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints)
+    if resume:
+        state, _ = checkpoints.restore(population.state, resume[0])
+        population.restore(state)
+    steps_per_update = population.anakin.unroll_length * population.anakin.num_envs
+    hparams = _member_hparams(population)
+    rule = StopRule(config.total_env_steps, config.stop_at_return, config.return_window)
+    progress_bar = Progress(config.total_env_steps, quiet=quiet, initial=resume_steps or 0)
+    writer = RunWriter(run_dir, resume_steps)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
+
+    def snapshots():
+        elapsed = elapsed_before + time.monotonic() - session_start
+        learner_steps = int(np.asarray(jax.device_get(population.state.train.step))[0])
+        return population.snapshots(learner_steps * steps_per_update, elapsed, resumes)
+
+    stopped_by, exit_code, stop_time = None, 0, None
+    steady_start = steady_steps = None
+    last_log = last_checkpoint = time.monotonic()
+    metrics: dict[str, Any] = {}
+    try:
+        while stopped_by is None:
+            metrics = population.step()
+            member_snapshots = snapshots()  # Waits for the call: the counters are on the device.
+            now = time.monotonic()
+            if steady_start is None:  # After the first call, which compiled the program.
+                steady_start, steady_steps = now, member_snapshots[0].env_steps
+            decisions = [rule(s) for s in member_snapshots]
+            if any(d == "budget" for d in decisions):
+                stopped_by = "budget"
+            elif all(d == "return_target" for d in decisions):
+                stopped_by = "return_target"
+            if stopped_by is not None:
+                stop_time = now
+            if stopped_by is not None or now - last_log >= config.log_every_s:
+                stats, fields = population_stats(member_snapshots, hparams)
+                stats.update(_metrics(metrics), env_steps_per_s=_rate(
+                    member_snapshots[0].env_steps - steady_steps, now - steady_start,
+                    population.num_members))
+                progress_bar.update(stats)
+                writer.log(stats, fields)
+                last_log = now
+            if now - last_checkpoint >= config.checkpoint_every_s:
+                _save(checkpoints, population, member_snapshots[0])
+                last_checkpoint = now
+    except KeyboardInterrupt:
+        stopped_by, exit_code, stop_time = "signal", 130, time.monotonic()
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+        progress_bar.close()
+    member_snapshots = snapshots()
+    _save(checkpoints, population, member_snapshots[0])
+    checkpoints.close()
+    stats, fields = population_stats(member_snapshots, hparams)
+    stats.update(_metrics(metrics))
+    writer.log(stats, fields)
+    writer.close()
+
+    session_time = stop_time - session_start
+    env_steps = member_snapshots[0].env_steps
+    new_steps = env_steps - (resume_steps or 0)
+    steady_time = stop_time - steady_start if steady_start is not None else 0.0
+    summary = {
+        "agent": (options or {}).get("agent", type(builder).__name__),
+        "platform": ANAKIN,
+        "env": env_factory.env_id,
+        "stopped_by": stopped_by,
+        "exit_code": exit_code,
+        "env_steps": env_steps,  # Per member.
+        "wall_time_s": round(elapsed_before + session_time, 3),
+        "session_wall_time_s": round(session_time, 3),
+        # All members' env steps per second of the session, compilation included...
+        "env_steps_per_s": _rate(new_steps, session_time, population.num_members),
+        # ... and after the first call (compiled): learning's steady rate.
+        "steady_env_steps_per_s": _rate(env_steps - (steady_steps or env_steps), steady_time,
+                                        population.num_members),
+        "mean_return": stats["mean_return"],  # Mean over members of their window means.
+        "return_window": config.return_window,
+        "episodes": stats["episodes"],
+        "learner_steps": stats["learner_steps"],
+        "resumed_from_env_steps": resume_steps,
+        "stop_at_return": config.stop_at_return,
+        "total_env_steps": config.total_env_steps,
+        "num_seeds": population.num_members,
+        "solved_fraction": _solved_fraction(member_snapshots, config),
+        "members": [_member_summary(s, h, config) for s, h in zip(member_snapshots, hparams,
+                                                                  strict=True)],
+    }
+    write_json(os.path.join(run_dir, SUMMARY), summary)
+    try:
+        plot_run(run_dir)
+    except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.
+        pass
+    return summary
+
+
+def _rate(steps: int, seconds: float, members: int) -> float:
+    return round(steps * members / seconds, 1) if seconds > 0 else 0.0
+
+
+def _metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The learner's metrics of the last call, averaged over members."""
+    return {name: float(np.mean(jax.device_get(v))) for name, v in metrics.items()}
+
+
+def _solved(snapshot: Any, config: Any) -> bool | None:
+    if config.stop_at_return is None:
+        return None
+    window = snapshot.returns[-config.return_window:]
+    return (len(window) == config.return_window
+            and float(np.mean(window)) >= config.stop_at_return)
+
+
+def _solved_fraction(snapshots: Sequence[Any], config: Any) -> float | None:
+    if config.stop_at_return is None:
+        return None
+    return sum(bool(_solved(s, config)) for s in snapshots) / len(snapshots)
+
+
+def _member_summary(snapshot: Any, hparams: Mapping[str, float], config: Any) -> dict[str, Any]:
+    stats = snapshot.stats()
+    return {"mean_return": stats["mean_return"], "episodes": stats["episodes"],
+            "solved": _solved(snapshot, config), "hparams": dict(hparams)}
+
+
+def _save(checkpoints: Checkpointer, population: Population, snapshot: Any) -> None:
+    checkpoints.save(snapshot.env_steps, population.state, snapshot.progress())
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
