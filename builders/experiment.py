@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from trellis import launch
+from trellis.builders.anakin_run import ANAKIN, PopulationSettings, run_anakin
 from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
 from trellis.builders.curves import plot_run
 from trellis.builders.program import make_program
@@ -67,7 +68,7 @@ def run_experiment(
       config: the experiment settings (builders.config.ExperimentConfig); the learner
         checkpoints into RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
-      platform: "local_mt", "local_mp" or "ray".
+      platform: "local_mt", "local_mp", "ray" or "anakin" (builders/anakin_run.py).
       quiet: no progress output.
       resume: continue from the newest checkpoint in `run_dir`: counters, metrics and curves
         go on from there.
@@ -75,7 +76,8 @@ def run_experiment(
         the env's id only).
       argv: the command line of this session, recorded in config.json's run record.
       extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
-      platform_options: passed on to `launch.launch` (e.g. `ray_address`).
+      platform_options: passed on to `launch.launch` (e.g. `ray_address`); for anakin, the
+        fields of `PopulationSettings`.
       on_stats: called with each stats record of the learner node as it is logged (e.g. to
         report to Ray Tune); returning True stops the run (stopped_by "signal").
 
@@ -93,6 +95,10 @@ def run_experiment(
         resume_steps, resume_elapsed = progress["env_steps"], float(progress.get("elapsed_s", 0))
     options = options or {"env": getattr(env_factory, "env_id", repr(env_factory))}
     _write_config(run_dir, builder, config, options, argv, resume_steps)
+    if platform == ANAKIN:  # One jitted program, no program graph (builders/anakin_run.py).
+        return run_anakin(builder, env_factory, config, run_dir,
+                          PopulationSettings(**(platform_options or {})), quiet=quiet,
+                          resume=(step, progress) if resume else None, options=options)
 
     name = getattr(env_factory, "env_id", "env")
     program = make_program(builder, env_factory, config, name=f"{type(builder).__name__}-{name}",

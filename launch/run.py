@@ -28,8 +28,8 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 # agents and the experiment layer are imported in `build` and `train`, in the launcher only.
 from trellis.agents.registry import agent_module  # noqa: E402
 from trellis.builders.rundir import new_run_dir  # noqa: E402
-from trellis.envs import EnvFactory  # noqa: E402
-from trellis.launch.flags import RunSettings, UsageError, parse  # noqa: E402
+from trellis.envs import make_env_factory  # noqa: E402
+from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse  # noqa: E402
 from trellis.reverb_tables import reverb_available  # noqa: E402
 
 
@@ -43,11 +43,12 @@ def build(run: RunSettings):
         raise ValueError("--replay_backend=reverb needs dm-reverb, which is not installed "
                          "here (`make test-reverb` builds .venv-reverb with it); use native")
     builder = agent_module(run.options.agent).Builder(run.agent)
-    return builder, EnvFactory(run.options.env)
+    return builder, make_env_factory(run.options.env)
 
 
 def train(run: RunSettings, argv: Sequence[str]) -> int:
     """Runs the experiment of `run` (parsed from `argv`); returns the exit code (2: bad input)."""
+    from trellis.builders.anakin_run import AnakinError
     from trellis.builders.checkpointing import CheckpointError
     from trellis.builders.experiment import compile_cache, compile_cache_dir, run_experiment
 
@@ -59,6 +60,10 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     options = run.options
     run_dir = options.logdir or new_run_dir(options.agent, options.env)
     platform_options = {"ray_address": options.ray_address} if options.platform == "ray" else {}
+    if options.platform == ANAKIN:
+        platform_options = {"num_seeds": options.num_seeds, "hparams": run.population_hparams(),
+                            "updates_per_call": options.updates_per_call,
+                            "compilation_cache": options.compilation_cache}
     cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:
         with compile_cache(cache):
@@ -71,6 +76,9 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
                 extra_metrics={"learning_rate": run.agent.learning_rate})
     except CheckpointError as e:
         print(f"run.py: error: --resume: {e}", file=sys.stderr)
+        return 2
+    except AnakinError as e:
+        print(f"run.py: error: {e}", file=sys.stderr)
         return 2
     print(
         f"stopped by {summary['stopped_by']} after {summary['env_steps']:,d} env steps in "

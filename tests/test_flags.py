@@ -17,7 +17,8 @@ from trellis.launch import flags, run
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Options every case sets (agent) or that say how an invocation starts or need another option:
 # tested on their own below.
-OPTIONS_TESTED_ELSEWHERE = {"agent", "config", "resume", "ray_address", "logdir"}
+OPTIONS_TESTED_ELSEWHERE = {"agent", "config", "resume", "ray_address", "logdir",
+                            "num_seeds", "member_hparams"}  # Anakin only: test_anakin.
 
 
 def _other_value(s):
@@ -35,7 +36,7 @@ def _other_value(s):
         if s.default in (None, 0):
             return 0.5
         return s.default / 2 if d.le is not None or d.lt is not None else s.default * 2
-    return {"env": "Acrobot-v1"}[s.name]
+    return {"env": "Acrobot-v1", "compilation_cache": "/tmp/jax-cache"}[s.name]
 
 
 def _text(value):
