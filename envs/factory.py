@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 
 from trellis.envs import cartpole_novel
+from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
@@ -33,10 +34,14 @@ def _register_plugins(env_id: str) -> None:
                 ) from e
 
 
-def make_env_factory(env_id: str) -> EnvFactory | GymnaxFactory:
+def make_env_factory(env_id: str) -> EnvFactory | GymnaxFactory | EnvpoolFactory:
     """The factory for an id: "gymnax:ID" gives gymnax's env (JAX, for --platform=anakin),
-    anything else a Gymnasium id."""
-    return GymnaxFactory(env_id) if is_gymnax_id(env_id) else EnvFactory(env_id)
+    "envpool:ID" batches of envpool's envs for env workers, anything else a Gymnasium id."""
+    if is_gymnax_id(env_id):
+        return GymnaxFactory(env_id)
+    if is_envpool_id(env_id):
+        return EnvpoolFactory(env_id)
+    return EnvFactory(env_id)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,143 @@
+"""envpool as an env backend: "envpool:TASK" (e.g. envpool:Pong-v5, envpool:HalfCheetah-v4,
+envpool:CartPole-v1) steps a batch of envpool's C++ envs in an env worker, in place of a
+Gymnasium vector env. Optional: pip install -e '.[envpool]'.
+
+`EnvpoolFactory.make_vector` gives the env worker what it relies on from a Gymnasium vector
+env: `reset(seed=...)`, `step(actions) -> (obs, reward, terminated, truncated, info)`, the
+single-env spaces, and next-step autoreset (the step after an episode's end returns the next
+episode's first observation with reward 0, its action ignored), so that no transition crosses
+an episode boundary. Where envpool differs, this module adapts:
+
+- Atari: by default envpool reports `terminated` at each lost life without resetting the game
+  (`episodic_life`) and clips rewards to their sign; the worker would then start an episode
+  inside a game and report clipped returns. Both are off here: an episode is a game, as with
+  Gymnasium's ALE ids, and clipping is the learner's business.
+- envpool seeds its envs when the pool is built, not at reset: `make_vector(num_envs, seed)`
+  builds it with the worker's seed.
+- Each step checks that the envs that reset (envpool's `elapsed_step` is 0 after a reset) are
+  exactly those that ended at the step before; any other reset would join two episodes in
+  one unroll, so it raises instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from trellis.envs.errors import UnknownEnvError
+from trellis.envs.specs import EnvSpec, spec_from_spaces
+
+PREFIX = "envpool:"
+# Atari options that change what an episode and a reward are (see the module docstring).
+_GAME_EPISODES = {"episodic_life": False, "reward_clip": False}
+
+
+def is_envpool_id(env_id: str) -> bool:
+    return env_id.startswith(PREFIX)
+
+
+def _envpool():
+    try:
+        import envpool
+    except ImportError as e:
+        raise UnknownEnvError(
+            "envpool ids need the envpool package: pip install -e '.[envpool]'") from e
+    return envpool
+
+
+class EnvpoolVector:
+    """A batch of envpool envs seen as a Gymnasium vector env with next-step autoreset.
+
+    Args:
+      pool: an envpool env made with env_type="gymnasium".
+    """
+
+    def __init__(self, pool: Any):
+        self._pool = pool
+        self.num_envs = int(pool.config["num_envs"])
+        self.single_observation_space = pool.observation_space
+        self.single_action_space = pool.action_space
+        self._action_dtype = np.dtype(pool.action_space.dtype)
+        self._ended: np.ndarray | None = None  # Which envs ended at the last step.
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        """Resets every env; the pool was seeded when built, so `seed` is not used here."""
+        obs, info = self._pool.reset()
+        self._ended = np.zeros(self.num_envs, bool)
+        return obs, info
+
+    def step(self, actions: np.ndarray):
+        """Steps every env; an env that ended at the previous step is reset instead.
+
+        Raises:
+          RuntimeError: an env reset without having ended, or did not reset after ending.
+        """
+        if self._ended is None:
+            raise RuntimeError("step() before reset()")
+        obs, reward, terminated, truncated, info = self._pool.step(
+            np.asarray(actions, self._action_dtype))
+        reset = np.asarray(info["elapsed_step"]) == 0
+        if not np.array_equal(reset, self._ended):
+            raise RuntimeError(
+                f"envpool reset envs {np.flatnonzero(reset).tolist()} after envs "
+                f"{np.flatnonzero(self._ended).tolist()} ended: an episode boundary the env "
+                f"worker would not see")
+        self._ended = terminated | truncated
+        return obs, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvpoolFactory:
+    """Builds batches of envpool envs for one "envpool:TASK" id.
+
+    Attributes:
+      env_id: "envpool:" and an envpool task id, e.g. "envpool:Pong-v5".
+    """
+
+    env_id: str
+
+    jax_native = False  # Stepped by env workers on the host.
+
+    @property
+    def task(self) -> str:
+        return self.env_id[len(PREFIX):]
+
+    def validate(self) -> None:
+        """Raises UnknownEnvError when envpool is missing or does not know the task."""
+        tasks = _envpool().list_all_envs()
+        if self.task not in tasks:
+            raise UnknownEnvError(f"unknown env {self.env_id!r}: envpool has no task "
+                                  f"{self.task!r} (envpool.list_all_envs() lists them)")
+
+    def make_vector(self, num_envs: int, seed: int) -> EnvpoolVector:
+        """`num_envs` envs of the task in one pool seeded with `seed`, reset."""
+        self.validate()
+        envpool = _envpool()
+        options = envpool.make_spec(self.task).config._fields
+        kwargs = {k: v for k, v in _GAME_EPISODES.items() if k in options}
+        envs = EnvpoolVector(envpool.make(self.task, env_type="gymnasium", num_envs=num_envs,
+                                          seed=seed, **kwargs))
+        envs.reset()
+        return envs
+
+    def make(self, seed: int | None = None) -> gym.Env:
+        raise UnknownEnvError(f"{self.env_id}: envpool envs come in batches for env workers; "
+                              f"for a single env (evaluate.py's video) use the Gymnasium id")
+
+    def reward_threshold(self) -> float | None:
+        """The task's reward_threshold where envpool gives one (classic control)."""
+        config = _envpool().make_spec(self.task).config
+        return getattr(config, "reward_threshold", None)
+
+    def spec(self) -> EnvSpec:
+        envs = self.make_vector(1, seed=0)
+        try:
+            return spec_from_spaces(envs.single_observation_space, envs.single_action_space)
+        finally:
+            envs.close()
