@@ -1,0 +1,147 @@
+"""Sweeps and PBT on Ray Tune: `python launch/tune.py --agent=impala --num_trials=4
+--search learning_rate=loguniform:1e-5:1e-1 --scheduler=pbt`.
+
+Each trial is a Trellis run (threads by default, `--platform=ray` for its nodes as Ray actors)
+with the settings of the flags (as for run.py) and a draw of the `--search` space; Tune's
+scheduler (fifo, asha, pbt) and search algorithm decide which trials run, stop early or copy
+another. The sweep's directory (--logdir, default sweeps/AGENT-ENV-TIME) holds Tune's own
+results (tune/), one run directory per trial (trials/TRIAL_ID), sweep.json and sweep.png.
+`--restore=SWEEP_DIR` resumes an interrupted sweep. docs/tuning.md has the details.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+from collections.abc import Sequence
+
+if not __package__:  # Run as a file from a clone: docs/architecture.md.
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p) != os.path.join(_root, "launch")]
+    sys.modules["trellis"] = types.ModuleType("trellis", f"Trellis from the clone at {_root}")
+    sys.modules["trellis"].__path__ = [_root]
+
+from trellis.builders.config import Config, setting, settings  # noqa: E402
+from trellis.builders.pbt import PBTConfig, SearchSpecError, parse_search  # noqa: E402
+from trellis.builders.rundir import new_run_dir  # noqa: E402
+from trellis.launch.flags import ANAKIN, UsageError, parse, parse_groups  # noqa: E402
+
+_PROG = "tune.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOptions(Config):
+    """tune.py's own settings; the trials' are run.py's flags."""
+
+    search: str | None = setting(
+        None, "a searched setting, NAME=loguniform:LOW:HIGH, uniform:LOW:HIGH, randint:LOW:HIGH,"
+        " choice:V1,V2,... or grid:V1,V2,...; give --search once per setting")
+    scheduler: str = setting("fifo", "Tune's trial scheduler", choices=("fifo", "asha", "pbt"))
+    search_alg: str = setting(
+        "random", "how trials draw from the search space (grid: every grid point once; optuna "
+        "needs the optuna extra)", choices=("random", "grid", "optuna"))
+    num_trials: int = setting(4, "trials (samples of the search space)", ge=1)
+    max_concurrent: int | None = setting(
+        None, "trials running at once; none: as many as Ray's CPUs allow", ge=1)
+    metric: str = setting(
+        "mean_return", "the trials' reported stat that ranks them (mean_return: over the last "
+        "return_window episodes)")
+    mode: str = setting("max", "whether a larger or smaller metric is better",
+                        choices=("max", "min"))
+    restore: str | None = setting(
+        None, "resume the interrupted sweep in this directory (Tune's restore), with the "
+        "settings given here")
+
+
+def split_search(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The `--search` specs (repeatable, so not parsed as a setting) and the other arguments.
+
+    Raises:
+      UsageError: --search without a value.
+    """
+    specs, rest = [], []
+    args = iter(argv)
+    for arg in args:
+        if arg.startswith("--search="):
+            specs.append(arg.split("=", 1)[1])
+        elif arg == "--search":
+            value = next(args, None)
+            if value is None:
+                raise UsageError("--search needs a value, e.g. --search learning_rate="
+                                 "loguniform:1e-4:1e-2")
+            specs.append(value)
+        else:
+            rest.append(arg)
+    return specs, rest
+
+
+def parse_sweep(argv: Sequence[str]):
+    """(SweepSpec, restore) from tune.py's command line.
+
+    Raises:
+      UsageError: bad input, one line.
+    """
+    from trellis.builders.tuning import SweepSpec  # Ray Tune: only once the line is read.
+
+    specs, rest = split_search(argv)
+    (options, pbt), rest = parse_groups(rest, _PROG, [("tune", TuneOptions), ("pbt", PBTConfig)])
+    run = parse(rest, prog=_PROG, description=__doc__.splitlines()[0],
+                defaults={"platform": "local_mt"})
+    if run.options.resume is not None:
+        raise UsageError("--resume continues one run; a sweep resumes with --restore=SWEEP_DIR")
+    if run.options.platform == ANAKIN:
+        raise UsageError(f"--platform={ANAKIN} is not a trial platform of tune.py; use "
+                         "local_mt, local_mp or ray")
+    known = {s.name: s for c in (run.experiment, run.agent) for s in settings(type(c))}
+    search = {}
+    for text in specs:
+        try:
+            name, dimension = parse_search(text)
+        except SearchSpecError as e:
+            raise UsageError(str(e)) from None
+        if name not in known:
+            raise UsageError(f"--search {text!r}: {name} is not a setting of the experiment or "
+                             f"of --agent={run.options.agent}")
+        search[name] = dimension
+    if not search and options.scheduler == "pbt":
+        raise UsageError("--scheduler=pbt needs at least one --search setting to perturb")
+    sweep_dir = options.restore or run.options.logdir or new_run_dir(
+        run.options.agent, run.options.env, root="sweeps")
+    return SweepSpec(
+        agent=run.options.agent, env=run.options.env, platform=run.options.platform,
+        experiment=run.experiment, agent_config=run.agent, search=search,
+        sweep_dir=os.path.abspath(sweep_dir), scheduler=options.scheduler,
+        search_alg=options.search_alg, num_trials=options.num_trials,
+        max_concurrent=options.max_concurrent, metric=options.metric, mode=options.mode,
+        pbt=pbt, ray_address=run.options.ray_address), options.restore is not None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: parses `argv` (default: sys.argv), runs the sweep; the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        spec, restore = parse_sweep(argv)
+    except UsageError as e:
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 2
+    from trellis.builders.tuning import run_sweep
+
+    try:
+        summary = run_sweep(spec, restore=restore)
+    except KeyboardInterrupt:
+        print(f"{_PROG}: interrupted; resume with --restore={spec.sweep_dir}", file=sys.stderr)
+        return 130
+    failed = sum(t["status"] == "failed" for t in summary["trials"])
+    best = summary["best"]
+    print(f"{len(summary['trials'])} trials, {failed} failed; best: "
+          + (f"{best['trial_id']} {spec.metric}={best['metric']} {best['hparams']}" if best
+             else "none"))
+    print(f"sweep: {os.path.join(spec.sweep_dir, 'sweep.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
