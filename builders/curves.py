@@ -43,8 +43,20 @@ def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float],
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _member_returns(records: list[dict[str, Any]], x: str) -> tuple[list[float], np.ndarray] | None:
+    """(x values, returns [R, M]) of a population's members (`member/<i>/return_mean`), over
+    the records where every member has one; None for a run of one agent."""
+    names = sorted({k for r in records for k in r if k.startswith("member/")
+                    and k.endswith("/return_mean")}, key=lambda k: int(k.split("/")[1]))
+    rows = [r for r in records if r.get(x) is not None and all(n in r for n in names)]
+    if not names or not rows:
+        return None
+    return [r[x] for r in rows], np.array([[r[n] for n in names] for r in rows])
+
+
 def plot_run(run_dir: str, out: str | None = None) -> str:
-    """Draws a run's learning curve (return vs env steps and vs wall time).
+    """Draws a run's learning curve (return vs env steps and vs wall time); for a population
+    (anakin's --num_seeds), the members' mean return with their min-max spread.
 
     Args:
       run_dir: a run directory with metrics.jsonl.
@@ -63,8 +75,15 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, x, label in ((axes[0], "env_steps", "env steps"),
                          (axes[1], "wall_time_s", "wall time (s)")):
-        xs, ys = _series(records, x, "return_mean")
-        ax.plot(xs, ys, label=f"training (mean of last {_window(run_dir)} episodes)")
+        members = _member_returns(records, x)
+        if members:  # An anakin population: the members' mean and their min-max spread.
+            xs, ys = members
+            line, = ax.plot(xs, ys.mean(1), label=f"training, mean of {ys.shape[1]} members "
+                            f"(each: last {_window(run_dir)} episodes; min-max shaded)")
+            ax.fill_between(xs, ys.min(1), ys.max(1), color=line.get_color(), alpha=0.2)
+        else:
+            xs, ys = _series(records, x, "return_mean")
+            ax.plot(xs, ys, label=f"training (mean of last {_window(run_dir)} episodes)")
         evals = [r for r in records if r.get("eval_return_mean") is not None]
         if evals:
             # Evaluations are placed where their params were taken (eval_env_steps); on the

@@ -28,6 +28,7 @@ from trellis.builders.anakin import (  # noqa: E402
     track_episodes,
     window_in_order,
 )
+from trellis.builders.curves import _member_returns, plot_run  # noqa: E402
 from trellis.builders.env_worker import EpisodeTracker  # noqa: E402
 from trellis.envs import GymnaxFactory, make_env_factory  # noqa: E402
 from trellis.launch import run  # noqa: E402
@@ -225,3 +226,16 @@ def test_resume_continues_counters_and_returns(tmp_path):
     steps = [r["env_steps"] for r in records]
     assert steps == sorted(steps) and steps[-1] == 2048 and records[-1]["resumes"] == 1
     assert os.path.isdir(run_dir / "checkpoints" / "2048")
+
+
+def test_plot_draws_the_members_mean_and_spread(tmp_path):
+    records = [{"env_steps": 100 * i, "return_mean": 1.0, "member/0/return_mean": float(i),
+                "member/1/return_mean": float(3 * i), "member/1/learning_rate": 0.1}
+               for i in range(1, 4)]
+    records.insert(0, {"env_steps": 0, "return_mean": None})  # Before any episode ended.
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    xs, ys = _member_returns(records, "env_steps")
+    assert xs == [100, 200, 300]
+    np.testing.assert_array_equal(ys, [[1, 3], [2, 6], [3, 9]])
+    assert _member_returns([{"env_steps": 1, "return_mean": 2.0}], "env_steps") is None
+    assert os.path.getsize(plot_run(str(tmp_path))) > 0
