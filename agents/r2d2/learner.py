@@ -85,7 +85,10 @@ def make_update(
 
     def loss_fn(params, target_params, batch):
         q_online = unroll_q(networks, params, batch, c.burn_in)  # [T + 1, B, A]
-        q_target = unroll_q(networks, target_params, batch, c.burn_in)
+        # No gradient reaches the target network: one pass over burn-in and trace will do.
+        _, q_target = networks.apply(target_params, recorded_state(batch), batch["obs"],
+                                     batch["first"])
+        q_target = q_target[c.burn_in:]
         trace = {k: batch[k][c.burn_in:] for k in
                  ("action", "reward", "terminated", "truncated", "first")}
         td, mask = td_errors(q_online, q_target, trace["action"], trace["reward"],
