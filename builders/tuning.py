@@ -30,6 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 from ray import tune  # noqa: E402
+from ray.tune.search import BasicVariantGenerator  # noqa: E402
 
 from trellis.agents.registry import agent_module  # noqa: E402
 from trellis.builders.checkpointing import CHECKPOINT_SUBDIR  # noqa: E402
@@ -198,11 +199,14 @@ def _scheduler(spec: SweepSpec) -> Any:
 
 
 def _search_alg(spec: SweepSpec) -> Any:
+    """Seeded by the experiment's seed, so two sweeps with one seed start from the same draws
+    (e.g. the same learning rates with and without PBT)."""
     if spec.search_alg != "optuna":
-        return None  # Tune's default: random draws, grids crossed.
+        return BasicVariantGenerator(random_state=spec.experiment.seed,  # Grids crossed.
+                                     max_concurrent=spec.max_concurrent or 0)
     from ray.tune.search.optuna import OptunaSearch  # Needs optuna: the `optuna` extra.
 
-    return OptunaSearch()
+    return OptunaSearch(seed=spec.experiment.seed)
 
 
 def _tuner(spec: SweepSpec) -> tune.Tuner:
@@ -213,7 +217,8 @@ def _tuner(spec: SweepSpec) -> tune.Tuner:
         search_alg=_search_alg(spec),
         # A grid is run whole once per sample; without one, each sample is a trial.
         num_samples=1 if grid and spec.search_alg == "grid" else spec.num_trials,
-        max_concurrent_trials=spec.max_concurrent,
+        # Tune limits a Searcher (optuna) itself; the random generator is limited above.
+        max_concurrent_trials=spec.max_concurrent if spec.search_alg == "optuna" else None,
         trial_dirname_creator=lambda trial: trial.trial_id)
     run_config = tune.RunConfig(
         name=TUNE_DIR, storage_path=spec.sweep_dir, verbose=0,

@@ -87,10 +87,10 @@ def parse_sweep(argv: Sequence[str]):
 
     specs, rest = split_search(argv)
     (options, pbt), rest = parse_groups(rest, _PROG, [("tune", TuneOptions), ("pbt", PBTConfig)])
+    if any(arg == "--resume" or arg.startswith("--resume=") for arg in rest):
+        raise UsageError("--resume continues one run; a sweep resumes with --restore=SWEEP_DIR")
     run = parse(rest, prog=_PROG, description=__doc__.splitlines()[0],
                 defaults={"platform": "local_mt"})
-    if run.options.resume is not None:
-        raise UsageError("--resume continues one run; a sweep resumes with --restore=SWEEP_DIR")
     if run.options.platform == ANAKIN:
         raise UsageError(f"--platform={ANAKIN} is not a trial platform of tune.py; use "
                          "local_mt, local_mp or ray")
