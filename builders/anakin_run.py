@@ -80,9 +80,9 @@ def seconds_since_process_start() -> float | None:
         return None
 
 
-def make_population(builder: Any, env_factory: Any, seed: int, return_window: int,
-                    settings: PopulationSettings) -> Population:
-    """The agent's anakin program for `settings.num_seeds` members, compiled on first call.
+def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
+                hparam_names: Sequence[str] = ()) -> tuple[Anakin, Any]:
+    """The agent's anakin functions and the device mesh they run on.
 
     Raises:
       AnakinError: an env that is not written in JAX, a recurrent policy, an agent whose
@@ -107,7 +107,7 @@ def make_population(builder: Any, env_factory: Any, seed: int, return_window: in
                           f"(impala, ppo); {type(builder).__name__}'s learner replays "
                           "transitions on the host")
     known = sorted(get_hparams(learner.state))
-    unknown = sorted(set(settings.hparams) - set(known))
+    unknown = sorted(set(hparam_names) - set(known))
     if unknown:
         raise AnakinError(f"--member_hparams: {', '.join(unknown)} is not a hyper-parameter "
                           f"of this agent (it has: {', '.join(known)})")
@@ -115,8 +115,47 @@ def make_population(builder: Any, env_factory: Any, seed: int, return_window: in
                     init=learner.init, update=learner.make_update(learner.mesh),
                     initial_state=initial_state, num_envs=config.batch_size,
                     unroll_length=config.unroll_length, return_window=return_window)
-    keys = jax.random.split(jax.random.fold_in(root, 1), settings.num_seeds)
-    return Population(anakin, learner.mesh, keys, settings.hparams, settings.updates_per_call)
+    return anakin, learner.mesh
+
+
+def _member_keys(seed: int, num_seeds: int) -> jax.Array:
+    return jax.random.split(jax.random.fold_in(jax.random.key(seed), 1), num_seeds)
+
+
+def make_population(builder: Any, env_factory: Any, seed: int, return_window: int,
+                    settings: PopulationSettings) -> Population:
+    """The agent's anakin program for `settings.num_seeds` members, compiled here.
+
+    Raises:
+      AnakinError: see `make_anakin`.
+    """
+    anakin, mesh = make_anakin(builder, env_factory, seed, return_window, list(settings.hparams))
+    return Population(anakin, mesh, _member_keys(seed, settings.num_seeds), settings.hparams,
+                      settings.updates_per_call)
+
+
+def restore_member(builder: Any, env_factory: Any, config: Any, num_seeds: int, run_dir: str,
+                   step: int | None, member: int) -> tuple[Anakin, Any, int, dict[str, Any]]:
+    """One member's params from an anakin run's checkpoint (for evaluate.py).
+
+    Returns:
+      (the run's anakin functions, the member's params, the checkpoint's step, its progress).
+
+    Raises:
+      builders.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+      AnakinError: see `make_anakin`; or no such member.
+    """
+    if not 0 <= member < num_seeds:
+        raise AnakinError(f"--member must be in [0, {num_seeds}) for this run, got {member}")
+    anakin, _ = make_anakin(builder, env_factory, config.seed, config.return_window)
+    target = jax.jit(jax.vmap(anakin.init_member))(_member_keys(config.seed, num_seeds), {})
+    checkpointer = Checkpointer(checkpoint_dir(run_dir))
+    try:
+        step = checkpointer.latest_step() if step is None else step
+        state, progress = checkpointer.restore(target, step)
+    finally:
+        checkpointer.close()
+    return anakin, jax.tree.map(lambda x: x[member], state.train.params), step, progress
 
 
 def population_stats(snapshots: Sequence[Any], hparams: Sequence[Mapping[str, float]]

@@ -27,6 +27,8 @@ import gymnasium as gym  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from trellis.builders.anakin import play_episodes  # noqa: E402
+from trellis.builders.anakin_run import AnakinError, restore_member  # noqa: E402
 from trellis.builders.checkpointing import (  # noqa: E402
     Checkpointer,
     CheckpointError,
@@ -34,7 +36,7 @@ from trellis.builders.checkpointing import (  # noqa: E402
 )
 from trellis.builders.evaluation import run_episodes, summarize  # noqa: E402
 from trellis.launch import run  # noqa: E402
-from trellis.launch.flags import UsageError, load_run  # noqa: E402
+from trellis.launch.flags import ANAKIN, RunSettings, UsageError, load_run  # noqa: E402
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -49,6 +51,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step", type=int, default=None,
                    help="the checkpoint's env steps (default: the newest)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
+    p.add_argument("--member", type=int, default=0,
+                   help="an anakin population's member to evaluate (default: the first)")
     p.add_argument("--video", default=None, metavar="DIR",
                    help="record the episodes as videos into DIR (one env, rgb_array rendering)")
     args = p.parse_args(argv)
@@ -121,8 +125,34 @@ def _record(policy, initial_state, params, env_factory, episodes: int, seed: int
     return returns
 
 
+def _evaluate_anakin(args: argparse.Namespace, settings: RunSettings) -> dict:
+    """A member of an anakin run: its greedy policy in fresh JAX envs, one episode each."""
+    if args.video:
+        raise _Error("--video records Gymnasium envs; this run's env is written in JAX")
+    builder, env_factory = run.build(settings)
+    try:
+        anakin, params, step, progress = restore_member(
+            builder, env_factory, settings.experiment, settings.options.num_seeds,
+            args.run_dir, args.step, args.member)
+    except (AnakinError, CheckpointError) as e:
+        raise _Error(str(e)) from e
+    policy = builder.make_policy(builder.make_networks(env_factory.spec()), evaluation=True)
+    play = jax.jit(functools.partial(play_episodes, anakin.env, policy, initial_state={},
+                                     num_episodes=args.episodes))
+    result = summarize(np.asarray(play(params, key=jax.random.key(args.seed))).tolist())
+    result.update(checkpoint_env_steps=step, learner_steps=progress.get("learner_steps"),
+                  member=args.member)
+    return result
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     """Restores, plays, and returns {return_mean, return_min, return_max, episodes, ...}."""
+    try:
+        settings = load_run(args.run_dir)
+    except UsageError as e:
+        raise _Error(str(e)) from e
+    if settings.options.platform == ANAKIN:
+        return _evaluate_anakin(args, settings)
     policy, initial_state, params, env_factory, step, progress = load_policy(args.run_dir,
                                                                              args.step)
     if args.video:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -31,7 +33,7 @@ from trellis.builders.anakin import (  # noqa: E402
 from trellis.builders.curves import _member_returns, plot_run  # noqa: E402
 from trellis.builders.env_worker import EpisodeTracker  # noqa: E402
 from trellis.envs import GymnaxFactory, make_env_factory  # noqa: E402
-from trellis.launch import run  # noqa: E402
+from trellis.launch import evaluate, run  # noqa: E402
 
 CARTPOLE = "gymnax:CartPole-v1"
 
@@ -204,15 +206,24 @@ def _run(*argv: str) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
-def test_resume_continues_counters_and_returns(tmp_path):
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A compilation cache the command-line tests share: their programs are the same."""
+    return tmp_path_factory.mktemp("jax-cache")
+
+
+SMALL_FLAGS = ("--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}", "--quiet",
+               "--batch_size=8", "--unroll_length=8", "--num_minibatches=2", "--hidden_sizes=16",
+               "--updates_per_call=4", "--num_seeds=2", "--stop_at_return=none")
+
+
+def test_resume_continues_counters_and_returns(tmp_path, cache, capsys):
     """A run stopped at its budget and resumed goes on from its checkpoint: env and learner
     steps, episodes and the return window continue, metrics are appended; the second process
     finds the first one's programs in the compilation cache."""
-    run_dir, cache = tmp_path / "run", tmp_path / "cache"
-    _run("--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}", "--quiet", "--batch_size=8",
-         "--unroll_length=8", "--num_minibatches=2", "--hidden_sizes=16", "--updates_per_call=4",
-         "--num_seeds=2", "--stop_at_return=none", "--total_env_steps=1024",
-         f"--compilation_cache={cache}", f"--logdir={run_dir}")
+    run_dir = tmp_path / "run"
+    _run(*SMALL_FLAGS, "--total_env_steps=1024", f"--compilation_cache={cache}",
+         f"--logdir={run_dir}")
     first = json.loads((run_dir / "summary.json").read_text())
     assert first["env_steps"] == 1024 and first["learner_steps"] == 16
     assert len(os.listdir(cache)) >= 2  # At least the initial state's and the step's.
@@ -226,6 +237,13 @@ def test_resume_continues_counters_and_returns(tmp_path):
     steps = [r["env_steps"] for r in records]
     assert steps == sorted(steps) and steps[-1] == 2048 and records[-1]["resumes"] == 1
     assert os.path.isdir(run_dir / "checkpoints" / "2048")
+    # evaluate.py plays a member's greedy policy from the newest checkpoint.
+    assert evaluate.main([str(run_dir), "--episodes=4", "--member=1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["episodes"] == 4 and result["member"] == 1
+    assert result["checkpoint_env_steps"] == 2048 and result["return_min"] >= 8  # CartPole.
+    assert evaluate.main([str(run_dir), "--member=2"]) == 2
+    assert "--member must be in [0, 2)" in capsys.readouterr().err
 
 
 def test_plot_draws_the_members_mean_and_spread(tmp_path):
@@ -239,3 +257,39 @@ def test_plot_draws_the_members_mean_and_spread(tmp_path):
     np.testing.assert_array_equal(ys, [[1, 3], [2, 6], [3, 9]])
     assert _member_returns([{"env_steps": 1, "return_mean": 2.0}], "env_steps") is None
     assert os.path.getsize(plot_run(str(tmp_path))) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent, members", [("ppo", 1), ("ppo", 8), ("impala", 1)])
+def test_agents_solve_cartpole_on_anakin(agent, members, tmp_path):
+    """run.py's defaults reach mean return 450 on gymnax's CartPole-v1, every member."""
+    _run(f"--agent={agent}", "--platform=anakin", f"--env={CARTPOLE}", "--quiet",
+         "--stop_at_return=450", f"--num_seeds={members}", "--total_env_steps=3000000",
+         f"--compilation_cache={tmp_path / 'cache'}", f"--logdir={tmp_path / 'run'}")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped_by"] == "return_target", summary
+    assert summary["solved_fraction"] == 1.0
+    assert all(m["mean_return"] >= 450 for m in summary["members"])
+
+
+def test_ctrl_c_stops_with_a_checkpoint_and_summary(tmp_path, cache):
+    """SIGINT during training: exit code 130, stopped_by signal, a final checkpoint."""
+    run_dir = tmp_path / "run"
+    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch", "run.py")
+    process = subprocess.Popen(
+        [sys.executable, script, *SMALL_FLAGS, "--total_env_steps=100000000", "--log_every_s=0.1",
+         f"--compilation_cache={cache}", f"--logdir={run_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists() or not (
+                run_dir / "metrics.jsonl").read_text():
+            assert process.poll() is None and time.monotonic() < deadline, "no metrics"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 130, process.stderr.read()[-3000:]
+    finally:
+        process.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "signal" and summary["exit_code"] == 130
+    assert os.path.isdir(run_dir / "checkpoints" / str(summary["env_steps"]))
