@@ -13,7 +13,7 @@ from trellis.reverb_tables.errors import (
     UnknownTableError,
 )
 from trellis.reverb_tables.native import NativeClient, Table
-from trellis.reverb_tables.node import ReplayClient, ReplayNode
+from trellis.reverb_tables.node import ReplayClient, ReplayNode, StreamingWriter
 from trellis.reverb_tables.spec import (
     ArraySpec,
     Fifo,
@@ -49,6 +49,7 @@ __all__ = [
     "RateLimiterTimeout",
     "ReplayClient",
     "ReplayNode",
+    "StreamingWriter",
     "SampleBatch",
     "SampleToInsertRatio",
     "Selector",

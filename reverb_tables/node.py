@@ -2,13 +2,15 @@
 
 In `local_mt` a client of the node calls the tables in-process (no copy); in `local_mp` the
 same calls go over loopback RPC. The node's public methods are the client API; wrap the
-node's client in `ReplayClient` to get the tables' own exceptions back from remote calls.
+node's client in `ReplayClient` to get the tables' own exceptions back from remote calls, and
+write through a `StreamingWriter` to insert without waiting for each insert's round trip.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +40,23 @@ class ReplayNode:
 
     def insert(self, data: Any, priorities: Mapping[str, float], timeout_s: float | None = None):
         return self._client.insert(data, priorities, timeout_s=timeout_s)
+
+    def insert_many(self, items: Sequence[tuple[Any, Mapping[str, float], float | None]]
+                    ) -> InsertFailure | None:
+        """Inserts (data, priorities, timeout_s) items in order, up to the first that fails.
+
+        Returns:
+          None when all were inserted; else an `InsertFailure` naming the first that failed
+          (the ones before it are in, the ones after it were not tried).
+        """
+        for index, (data, priorities, timeout_s) in enumerate(items):
+            try:
+                self._client.insert(data, priorities, timeout_s=timeout_s)
+            except Exception as e:
+                # An RPC error carries only text: the type and the position travel as data.
+                return InsertFailure(index, type(e).__name__, str(e),
+                                     ",".join(sorted(priorities)))
+        return None
 
     def sample(self, table: str, batch_size: int, timeout_s: float | None = None):
         """A `SampleBatch`, or on a rate-limiter timeout a `SampleTimeout` (see ReplayClient)."""
@@ -85,6 +104,16 @@ class SampleTimeout:
     partial: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class InsertFailure:
+    """What `ReplayNode.insert_many` returns when item `index` failed (the rest not tried)."""
+
+    index: int
+    error_type: str
+    message: str
+    tables: str
+
+
 # The replay errors a caller may handle; any other remote error stays a launch RemoteError.
 _ERRORS = {cls.__name__: cls for cls in (errors.TableClosedError, errors.UnknownTableError,
                                          errors.SignatureError)}
@@ -128,6 +157,24 @@ class ReplayClient:
                                             operation="sample", partial=result.partial)
         return result
 
+    def insert_many(self, items: Sequence[tuple[Any, Mapping[str, float], float | None]]
+                    ) -> None:
+        """Inserts (data, priorities, timeout_s) items in order in one call.
+
+        Raises:
+          The first failed insert's error (its type as for `insert`), saying how many of
+          `items` went in; the items after it were not inserted.
+        """
+        failure = self._call("insert_many", list(items))
+        if failure is None:
+            return
+        message = (f"{failure.message} (insert {failure.index + 1} of {len(items)} in one "
+                   f"batch: the {failure.index} before it went in, the "
+                   f"{len(items) - failure.index - 1} after it were not inserted)")
+        if failure.error_type == "RateLimiterTimeout":
+            raise errors.RateLimiterTimeout(message, table=failure.tables, operation="insert")
+        raise _ERRORS.get(failure.error_type, RuntimeError)(message)
+
     def update_priorities(self, table: str, updates: Mapping[int, float]):
         return self._call("update_priorities", table, updates)
 
@@ -142,3 +189,99 @@ class ReplayClient:
 
     def restore(self, directory: str) -> None:
         self._call("restore", directory)
+
+
+class StreamingWriter:
+    """Inserts into a replay node without waiting for each insert's round trip.
+
+    `insert` queues the item and returns; a background thread sends whatever has queued up
+    since its last call as one `insert_many` call, so inserts reach the node in order, many
+    per round trip, while the writer goes on. At most `max_in_flight` inserts are queued or
+    being sent; `insert` blocks beyond that (back-pressure).
+
+    An insert that fails raises its error, with the same type as `ReplayClient.insert`, from
+    the writer's next `insert` or `flush`, in the order they failed; the inserts queued behind
+    it are dropped (the error says how many). `flush` waits until the node has confirmed
+    every insert; `close` flushes and ends the thread.
+
+    Args:
+      client: a `ReplayClient` (of a node in this process or another).
+      max_in_flight: inserts queued or being sent at most.
+    """
+
+    def __init__(self, client: ReplayClient, max_in_flight: int = 256):
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self._client = client
+        self._max_in_flight = max_in_flight
+        self._changed = threading.Condition()
+        self._queued: list[tuple[Any, Mapping[str, float], float | None]] = []
+        self._in_flight = 0
+        self._errors: list[BaseException] = []
+        self._closed = False
+        # A daemon: a writer never closed must not keep the interpreter from exiting; its
+        # thread only does socket I/O, so ending it at exit is harmless.
+        self._thread = threading.Thread(target=self._send_loop, name="replay-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    def insert(self, data: Any, priorities: Mapping[str, float],
+               timeout_s: float | None = None) -> None:
+        """Queues one insert (as `ReplayClient.insert`); raises an earlier insert's error."""
+        with self._changed:
+            self._raise_error()
+            while self._in_flight >= self._max_in_flight:
+                self._changed.wait()
+                self._raise_error()
+            if self._closed:
+                raise errors.TableClosedError("the writer is closed")
+            self._queued.append((data, dict(priorities), timeout_s))
+            self._in_flight += 1
+            self._changed.notify_all()
+
+    def flush(self) -> None:
+        """Waits until every queued insert is confirmed; raises the first error not raised yet."""
+        with self._changed:
+            while self._in_flight:
+                self._changed.wait()
+            self._raise_error()
+
+    def close(self) -> None:
+        """Flushes, then ends the background thread."""
+        try:
+            self.flush()
+        finally:
+            with self._changed:
+                self._closed = True
+                self._changed.notify_all()
+            self._thread.join()
+
+    def _raise_error(self) -> None:
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queued and not self._closed:
+                    self._changed.wait()
+                if not self._queued:
+                    return
+                batch, self._queued = self._queued, []
+            error: BaseException | None = None
+            try:
+                self._client.insert_many(batch)
+            except Exception as e:  # Raised to the writer, in order, by its next call.
+                error = e
+            with self._changed:
+                self._in_flight -= len(batch)
+                if error is not None:
+                    # What queued behind the failed insert is dropped: nothing after a failure
+                    # goes in unseen by the writer.
+                    if self._queued:
+                        error.add_note(f"{len(self._queued)} inserts queued after it were "
+                                       "dropped")
+                    self._in_flight -= len(self._queued)
+                    self._queued = []
+                    self._errors.append(error)
+                self._changed.notify_all()

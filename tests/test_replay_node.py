@@ -99,3 +99,46 @@ def test_checkpoint_and_restore_through_the_node(replay, tmp_path):
     client.restore(path)
     assert {t: client.info(t) for t in ("p", "q")} == before
     np.testing.assert_array_equal(client.sample("q", 2).data["x"][:, 0], [1, 2])
+
+
+def test_streamed_inserts_arrive_intact_in_order_with_back_pressure(replay):
+    client, _, _ = replay
+    writer = rt.StreamingWriter(client, max_in_flight=4)
+    try:
+        # The queue holds 3: the writer's thread blocks in the node while this thread drains
+        # it, and `insert` blocks once 4 are in flight, so both sides wait on each other.
+        got = []
+        for i in range(30):
+            writer.insert(item(i), {"q": 1.0})
+            if i % 3 == 2:
+                got += client.sample("q", 3).data["x"][:, 0].tolist()
+        writer.flush()
+        while len(got) < 30:
+            got += client.sample("q", 1).data["x"][:, 0].tolist()
+        assert got == list(range(30))
+        assert client.info("q")["num_inserts"] == 30
+    finally:
+        writer.close()
+
+
+def test_a_streamed_insert_error_reaches_the_writer_and_writing_goes_on(replay):
+    client, _, _ = replay
+    writer = rt.StreamingWriter(client)
+    try:
+        writer.insert(item(0), {"q": 1.0})
+        writer.flush()
+        writer.insert({"x": np.zeros((3,), np.float32)}, {"q": 1.0})
+        with pytest.raises(rt.SignatureError, match="table 'q'.*insert 1 of 1"):
+            writer.flush()
+        writer.flush()  # Raised once.
+        writer.insert(item(1), {"q": 1.0})
+        writer.insert(item(2), {"q": 1.0}, timeout_s=0.05)
+        writer.insert(item(3), {"q": 1.0}, timeout_s=0.05)  # The queue is full: times out.
+        with pytest.raises(rt.RateLimiterTimeout) as caught:
+            writer.flush()
+        assert caught.value.operation == "insert"
+        assert client.sample("q", 3).data["x"][:, 0].tolist() == [0, 1, 2]
+    finally:
+        writer.close()
+    with pytest.raises(rt.TableClosedError, match="writer is closed"):
+        writer.insert(item(4), {"q": 1.0})
