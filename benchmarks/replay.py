@@ -8,7 +8,9 @@ Items: CartPole-size (length-20 trajectories of float32[4] observations plus int
 and float32 rewards) and Atari-size (length-20 trajectories of uint8[84, 84, 4]). Tables: a
 prioritized table (exponent 0.6, MinSize(1), FIFO remover) and a queue (Queue, FIFO,
 max_times_sampled=1). "in-process": the client holds the tables; "2nd process": the tables
-live in a replay node on local_mp and the benchmark calls it over the program's RPC.
+live in a replay node on local_mp and the benchmark calls it over the program's RPC, one
+insert per call; "2nd, streamed": the same node written through a `StreamingWriter` (many
+inserts per call, confirmed in the background; the timed span ends once all are confirmed).
 
 Steady state: each table is filled to capacity before timing (untimed), so timed inserts
 into the prioritized table evict, and the queue is timed over full fill / drain cycles.
@@ -31,7 +33,7 @@ from replay_items import ITEMS, make_item, rate
 from trellis import launch
 from trellis.reverb_tables import spec as S
 from trellis.reverb_tables.client import make_client, reverb_available
-from trellis.reverb_tables.node import ReplayClient, ReplayNode
+from trellis.reverb_tables.node import ReplayClient, ReplayNode, StreamingWriter
 
 
 def tables(item: str, max_size: int) -> list[S.TableSpec]:
@@ -43,19 +45,35 @@ def tables(item: str, max_size: int) -> list[S.TableSpec]:
     ]
 
 
-def measure(client, item: str, seconds: float, batch_size: int, max_size: int) -> dict:
-    """Inserts/s (one item per call) and sampled items/s, per table, in steady state."""
+def measure(client, item: str, seconds: float, batch_size: int, max_size: int,
+            writer: StreamingWriter | None = None) -> dict:
+    """Inserts/s and sampled items/s, per table, in steady state.
+
+    Inserts go one per call through `client`, or through `writer` when given (then every
+    timed span of inserts ends with `writer.flush()`, so only confirmed inserts count).
+    """
     data = make_item(item)
     counter = iter(range(10**9))
+    put = client.insert if writer is None else writer.insert
+    confirm = (lambda: None) if writer is None else writer.flush
 
     def insert(table):
-        client.insert(data, {table: 1.0 + next(counter) % 7})
+        put(data, {table: 1.0 + next(counter) % 7})
         return 1
+
+    def confirmed_rate(table):
+        start = time.perf_counter()
+        n = 0
+        while time.perf_counter() - start < seconds:
+            n += insert(table)
+        confirm()
+        return n / (time.perf_counter() - start)
 
     for _ in range(max_size):  # Untimed fill: from here on every insert evicts.
         insert("prioritized")
+    confirm()
     out = {"prioritized": {
-        "inserts_per_s": rate(lambda: insert("prioritized"), seconds),
+        "inserts_per_s": confirmed_rate("prioritized"),
         "samples_per_s": rate(lambda: len(client.sample("prioritized", batch_size)), seconds),
     }}
     # The queue holds at most max_size items: time whole fill / drain cycles, after an
@@ -63,6 +81,7 @@ def measure(client, item: str, seconds: float, batch_size: int, max_size: int) -
     batches = max_size // batch_size
     for _ in range(batches * batch_size):
         insert("queue")
+    confirm()
     for _ in range(batches):
         client.sample("queue", batch_size)
     insert_s = sample_s = 0.0
@@ -71,6 +90,7 @@ def measure(client, item: str, seconds: float, batch_size: int, max_size: int) -
         start = time.perf_counter()
         for _ in range(batches * batch_size):
             insert("queue")
+        confirm()
         insert_s += time.perf_counter() - start
         start = time.perf_counter()
         for _ in range(batches):
@@ -90,13 +110,23 @@ def run_in_process(backend, item, args):
         client.close()
 
 
-def run_remote(backend, item, args):
+def run_remote(backend, item, args, streamed: bool = False):
     program = launch.Program("replay-benchmark")
     node = program.add_node(launch.CourierNode(ReplayNode, tables(item, args.max_size[item]),
                                                backend, 0), label="replay")
     with launch.launch(program, platform="local_mp", block=False):
         client = ReplayClient(node.dereference())
-        return measure(client, item, args.seconds, args.batch_size, args.max_size[item])
+        writer = StreamingWriter(client) if streamed else None
+        try:
+            return measure(client, item, args.seconds, args.batch_size, args.max_size[item],
+                           writer)
+        finally:
+            if writer is not None:
+                writer.close()
+
+
+def run_remote_streamed(backend, item, args):
+    return run_remote(backend, item, args, streamed=True)
 
 
 def main() -> None:
@@ -116,7 +146,8 @@ def main() -> None:
                      "max_size": args.max_size}
     rows = []
     cases = [(backend, mode, fn) for mode, fn in (("in-process", run_in_process),
-                                                  ("2nd process", run_remote))
+                                                  ("2nd process", run_remote),
+                                                  ("2nd, streamed", run_remote_streamed))
              for backend in backends]
     if "reverb" in backends:
         from reverb_raw import run_reverb_raw  # dm-reverb and TensorFlow: only where installed.
@@ -131,11 +162,11 @@ def main() -> None:
                 rows.append((backend, item, mode, t, v["inserts_per_s"], v["samples_per_s"],
                              v.get("dataset_samples_per_s")))
     print()
-    print(f"{'backend':<11}{'item':<10}{'where':<13}{'table':<13}{'inserts/s':>11}"
+    print(f"{'backend':<11}{'item':<10}{'where':<15}{'table':<13}{'inserts/s':>11}"
           f"{'sampled items/s':>17}{'  (TrajectoryDataset)':>22}")
     for b, i, m, t, ins, smp, ds in rows:
         extra = f"{ds:>22,.0f}" if ds is not None else ""
-        print(f"{b:<11}{i:<10}{m:<13}{t:<13}{ins:>11,.0f}{smp:>17,.0f}{extra}")
+        print(f"{b:<11}{i:<10}{m:<15}{t:<13}{ins:>11,.0f}{smp:>17,.0f}{extra}")
     print(json.dumps(rounded(results)))
 
 
