@@ -34,6 +34,7 @@ from trellis.builders.curves import _member_returns, plot_run  # noqa: E402
 from trellis.builders.env_worker import EpisodeTracker  # noqa: E402
 from trellis.envs import GymnaxFactory, make_env_factory  # noqa: E402
 from trellis.launch import evaluate, run  # noqa: E402
+from trellis.launch.flags import member_hparams  # noqa: E402
 
 CARTPOLE = "gymnax:CartPole-v1"
 
@@ -293,3 +294,16 @@ def test_ctrl_c_stops_with_a_checkpoint_and_summary(tmp_path, cache):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "signal" and summary["exit_code"] == 130
     assert os.path.isdir(run_dir / "checkpoints" / str(summary["env_steps"]))
+
+
+def test_member_hparams_lists_and_log_uniform_ranges():
+    out = member_hparams("learning_rate=1e-3:1e-2; entropy_cost=0.01", 64, seed=3)
+    lr = np.array(out["learning_rate"])
+    assert lr.shape == (64,) and (lr >= 1e-3).all() and (lr <= 1e-2).all()
+    # Log-uniform: half below the geometric mean (binomial(64, 1/2), within 3 sigma).
+    assert 20 <= (lr < np.sqrt(1e-3 * 1e-2)).sum() <= 44
+    assert out["entropy_cost"] == [0.01] * 64
+    assert member_hparams("learning_rate=1e-3:1e-2", 64, seed=3)["learning_rate"] == list(lr)
+    assert member_hparams("learning_rate=1e-3:1e-2", 64, seed=4)["learning_rate"] != list(lr)
+    assert member_hparams("learning_rate=1,2,3", 3, seed=0) == {"learning_rate": [1.0, 2.0, 3.0]}
+    assert member_hparams(None, 3, seed=0) == {}
