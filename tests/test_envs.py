@@ -79,3 +79,25 @@ def test_atari_pixels_through_the_conv_torso():
     logits, values, _ = networks.apply(params, spec.zeros_observation((2, 3)),
                                        np.ones((2, 3), bool), {})
     assert logits.shape == (2, 3, spec.num_actions) and values.shape == (2, 3)
+
+
+def test_cartpole_novel_is_cartpole_without_the_velocities():
+    """Same dynamics and episode ends as CartPole-v1; only (x, theta) are observed."""
+    novel = EnvFactory("CartPoleNoVel-v1")
+    assert novel.spec().observation_shape == (2,)
+    envs, full = novel.make_vector(5, seed=3), EnvFactory("CartPole-v1").make_vector(5, seed=3)
+    obs, _ = envs.reset(seed=3)
+    full_obs, _ = full.reset(seed=3)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(200):
+        np.testing.assert_array_equal(obs, full_obs[:, [0, 2]])
+        actions = rng.integers(0, 2, size=5)
+        obs, reward, terminated, truncated, _ = envs.step(actions)
+        full_obs, full_reward, full_terminated, _, _ = full.step(actions)
+        np.testing.assert_array_equal(terminated, full_terminated)
+        np.testing.assert_array_equal(reward, full_reward)
+        ends += int(terminated.sum())
+    assert ends > 0  # Episodes ended (and reset) along the way.
+    single = novel.make(seed=1)
+    assert single.observation_space.shape == (2,) and single.spec.max_episode_steps == 500

@@ -1,0 +1,180 @@
+"""Stateful policies: the learner's LSTM unroll from a recorded state reproduces what the
+actor computed; the inference server resets the state at `first` and for a restarted worker's
+slots (only those); unrolls never span a restart or hide an episode start."""
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+from trellis.builders.base import STATE_PREFIX, QueueSpec, recorded_state
+from trellis.builders.inference import InferenceServer, UnrollRecorder, step_specs
+from trellis.envs import EnvSpec
+
+SPEC = EnvSpec((2,), "float32", 3, (), "int32")  # Two observed numbers, three actions.
+K, T = 4, 6
+
+
+def lstm_impala(**overrides):
+    builder = ImpalaBuilder(ImpalaConfig(core="lstm", lstm_size=8, hidden_sizes=(16,),
+                                         **overrides))
+    networks = builder.make_networks(SPEC)
+    # Scaled-up params, so the recurrence matters beyond float32 noise.
+    params = jax.tree.map(lambda x: 3.0 * x, networks.init(jax.random.PRNGKey(0)))
+    return builder, networks, params
+
+
+def serve(builder, networks, params, num_workers, steps, overlap=1, rng_seed=0,
+          run_ids=None):
+    """Feeds `steps` random steps per worker through an InferenceServer; returns its unrolls,
+    the inputs and the server."""
+    unrolls = []
+    initial_state = builder.initial_state(SPEC, num_workers * K)
+    server = InferenceServer(
+        builder.make_policy(networks), params, jax.random.PRNGKey(1),
+        step_specs(SPEC, builder.extras_spec(SPEC), initial_state),
+        num_workers, K, T, unrolls.append, threading.Event(), timeout_s=0.0,
+        initial_state=initial_state, overlap=overlap)
+    server.start()
+    rng = np.random.default_rng(rng_seed)
+    inputs = []
+    try:
+        for i in range(steps):
+            for w in range(num_workers):
+                step = dict(obs=rng.normal(size=(K, 2)).astype(np.float32),
+                            reward=np.zeros(K, np.float32),
+                            terminated=np.zeros(K, bool), truncated=np.zeros(K, bool),
+                            first=(rng.random(K) < 0.15) | (i == 0))
+                run_id = 1 if run_ids is None else run_ids(w, i)
+                inputs.append((w, run_id, step))
+                server.step(w, run_id, **step)
+    finally:
+        server._stop.set()
+        server.join(5)
+    return unrolls, inputs, server
+
+
+def learner_logits(networks, params, unroll):
+    """What the learner computes: the network unrolled over [T + 1, K] from the recorded state."""
+    logits, _, _ = jax.jit(networks.apply)(params, unroll["obs"], unroll["first"],
+                                           recorded_state(unroll))
+    return np.asarray(logits)
+
+
+@pytest.mark.parametrize("overlap", [1, 3])
+def test_learner_unroll_from_recorded_state_gives_the_actors_logits(overlap):
+    builder, networks, params = lstm_impala()
+    unrolls, _, _ = serve(builder, networks, params, num_workers=2, steps=25, overlap=overlap)
+    # 25 steps per worker: the first unroll takes T + 1, each next one T + 1 - overlap more.
+    assert len(unrolls) == 2 * (1 + (25 - (T + 1)) // (T + 1 - overlap))
+    for unroll in unrolls:
+        assert unroll["state/c"].shape == (1, K, 8) and unroll["obs"].shape == (T + 1, K, 2)
+        # The actor's logits, recorded step by step with the state carried on the device.
+        np.testing.assert_allclose(learner_logits(networks, params, unroll), unroll["logits"],
+                                   rtol=1e-5, atol=1e-5)
+    # The state is not trivially zero (else the test would not check the carry).
+    assert any(np.abs(u["state/h"]).max() > 0.1 for u in unrolls)
+
+
+def test_logits_differ_without_the_recorded_state():
+    """The check above can fail: starting from zeros instead gives other logits."""
+    builder, networks, params = lstm_impala()
+    unrolls, _, _ = serve(builder, networks, params, num_workers=1, steps=20)
+    unroll = next(u for u in unrolls[1:] if not u["first"][0].all())
+    zeros = {name: np.zeros_like(v) for name, v in unroll.items()
+             if name.startswith(STATE_PREFIX)}
+    wrong = learner_logits(networks, params, dict(unroll, **zeros))
+    assert np.abs(wrong - unroll["logits"]).max() > 1e-3
+
+
+def step_once(networks, params, policy, obs, state, first):
+    return policy(params, jax.random.PRNGKey(0), obs, state, first)
+
+
+def test_policy_resets_exactly_the_rows_where_first_is_set():
+    builder, networks, params = lstm_impala()
+    policy = jax.jit(builder.make_policy(networks))
+    obs = np.random.default_rng(0).normal(size=(K, 2)).astype(np.float32)
+    state = {name: np.full((K, 8), 0.7, np.float32) for name in ("c", "h")}
+    first = np.array([True, False, True, False])
+    _, extras, new = step_once(networks, params, policy, obs, state, first)
+    _, fresh, fresh_state = step_once(networks, params, policy, obs,
+                                      builder.initial_state(SPEC, K), np.ones(K, bool))
+    _, kept, _ = step_once(networks, params, policy, obs, state, np.zeros(K, bool))
+    np.testing.assert_allclose(extras["logits"][first], fresh["logits"][first], atol=1e-6)
+    np.testing.assert_allclose(extras["logits"][~first], kept["logits"][~first], atol=1e-6)
+    assert np.abs(extras["logits"][~first] - fresh["logits"][~first]).max() > 1e-3
+    np.testing.assert_allclose(new["h"][first], fresh_state["h"][first], atol=1e-6)
+
+
+def test_restarted_worker_slots_restart_from_the_initial_state_and_only_those():
+    """Worker 1 comes back with a new run id at step 9, its envs not marked first (a restart
+    the policy cannot see): its slots restart from the initial state, worker 0's keep theirs."""
+    builder, networks, params = lstm_impala()
+    restart_at = 9
+
+    def run_ids(w, i):
+        return 2 if (w == 1 and i >= restart_at) else 1
+
+    unrolls, inputs, server = serve(builder, networks, params, num_workers=2, steps=20,
+                                    run_ids=run_ids, rng_seed=3)
+    assert server.slot_resets == 1
+    # Replays each worker's steps through the policy by hand, resetting at the restart.
+    policy = jax.jit(builder.make_policy(networks))
+    states = {w: builder.initial_state(SPEC, K) for w in (0, 1)}
+    last_run = {}
+    expected = {0: [], 1: []}
+    for w, run_id, step in inputs:
+        if last_run.get(w, run_id) != run_id:
+            states[w] = builder.initial_state(SPEC, K)
+        last_run[w] = run_id
+        _, extras, states[w] = step_once(networks, params, policy, step["obs"], states[w],
+                                         step["first"])
+        expected[w].append(np.asarray(extras["logits"]))
+    # Every recorded logit matches the replay: the restarted slots were reset at the restart
+    # (and no other time), worker 0's carried on.
+    recorded = {0: [], 1: []}
+    for w, _, step in inputs:
+        recorded[w].append(step["obs"])
+    for unroll in unrolls:
+        w = next(w for w in (0, 1)
+                 if any(np.array_equal(unroll["obs"][0], o) for o in recorded[w]))
+        i = next(i for i, o in enumerate(recorded[w]) if np.array_equal(unroll["obs"][0], o))
+        np.testing.assert_allclose(unroll["logits"], np.stack(expected[w][i:i + T + 1]),
+                                   rtol=1e-5, atol=1e-5)
+        # No unroll of worker 1 spans the restart.
+        if w == 1:
+            assert i + T < restart_at or i >= restart_at
+    # Without the reset, worker 1's first step after the restart would differ.
+    stale = step_once(networks, params, policy, inputs[2 * restart_at + 1][2]["obs"],
+                      _replay_state(builder, networks, params, policy, inputs, 1, restart_at),
+                      inputs[2 * restart_at + 1][2]["first"])[1]["logits"]
+    assert np.abs(np.asarray(stale) - expected[1][restart_at]).max() > 1e-3
+
+
+def _replay_state(builder, networks, params, policy, inputs, worker, steps):
+    """Worker `worker`'s state after its first `steps` steps, as if never restarted."""
+    state = builder.initial_state(SPEC, K)
+    for w, _, step in [x for x in inputs if x[0] == worker][:steps]:
+        state = step_once(networks, params, policy, step["obs"], state, step["first"])[2]
+    return state
+
+
+def test_recorder_captures_state_where_each_unroll_begins_with_overlap():
+    out = []
+    specs = {"x": step_specs(SPEC, {})["reward"], "state/s": step_specs(SPEC, {})["reward"]}
+    rec = UnrollRecorder(specs, 1, 1, 4, out.append, overlap=2)
+    for i in range(12):  # State at step i is 100 + i.
+        rec.record(0, 1, {"x": np.full(1, i, np.float32)},
+                   state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})
+    # Unrolls of 5 steps, each next one repeating the last 2 of the previous.
+    assert [u["x"][:, 0].tolist() for u in out] == [[0, 1, 2, 3, 4], [3, 4, 5, 6, 7],
+                                                   [6, 7, 8, 9, 10]]
+    assert [u["state/s"][0, 0] for u in out] == [100, 103, 106]
+
+
+def test_queue_spec_rejects_an_overlap_outside_the_unroll():
+    with pytest.raises(ValueError, match=r"overlap=6 must be in \[1, unroll_length=5\]"):
+        QueueSpec(5, 8, 2, overlap=6)
