@@ -11,11 +11,16 @@ results (tune/), one run directory per trial (trials/TRIAL_ID), sweep.json and s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
+import signal
 import sys
 import types
 from collections.abc import Sequence
+
+import psutil
 
 if not __package__:  # Run as a file from a clone: docs/architecture.md.
     _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,6 +123,18 @@ def parse_sweep(argv: Sequence[str]):
         pbt=pbt, ray_address=run.options.ray_address), options.restore is not None
 
 
+def _exit_now(sweep_dir: str, signum: int, frame) -> None:
+    # Every process of the sweep is below this one: Ray's services, their agents and workers
+    # (the trials) and the trials' own node processes. Some of Ray's agents outlive the
+    # raylet when it is killed alone, so all of them go first.
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    print(f"{_PROG}: interrupted; resume with --restore={sweep_dir}", file=sys.stderr,
+          flush=True)
+    os._exit(130)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: parses `argv` (default: sys.argv), runs the sweep; the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -128,11 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from trellis.builders.tuning import run_sweep
 
-    try:
-        summary = run_sweep(spec, restore=restore)
-    except KeyboardInterrupt:
-        print(f"{_PROG}: interrupted; resume with --restore={spec.sweep_dir}", file=sys.stderr)
-        return 130
+    # Ctrl-C and SIGTERM end the sweep at once, not with Tune's graceful stop (a last
+    # snapshot while every trial stops: tens of seconds on a busy machine). Tune snapshots
+    # the sweep as it goes, so --restore resumes from the latest snapshot.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, functools.partial(_exit_now, spec.sweep_dir))
+    summary = run_sweep(spec, restore=restore)
     failed = sum(t["status"] == "failed" for t in summary["trials"])
     best = summary["best"]
     print(f"{len(summary['trials'])} trials, {failed} failed; best: "
