@@ -106,7 +106,8 @@ class _Reporter:
             tune.report(metrics)
             return False
         with tempfile.TemporaryDirectory() as tmp:
-            shutil.copytree(os.path.join(self._checkpoints, str(step)), os.path.join(tmp, str(step)))
+            shutil.copytree(os.path.join(self._checkpoints, str(step)),
+                            os.path.join(tmp, str(step)))
             write_json(os.path.join(tmp, _ORIGIN), {"trial_id": self._trial_id, "step": step})
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
         self._last_step = step
