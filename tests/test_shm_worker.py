@@ -1,0 +1,112 @@
+"""An env worker and the inference server through shared slots, and the worker's fallback."""
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trellis.builders.base import ArraySpec
+from trellis.builders.env_worker import EnvWorker, shm_layout
+from trellis.builders.inference import InferenceServer, step_specs
+from trellis.envs import EnvFactory
+from trellis.launch import node_context, shm
+
+K = 4
+W = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
+
+
+def policy(params, key, obs, state, first):
+    del key, first
+    logits = obs @ params
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), {"logits": logits}, state
+
+
+class Inference:
+    """What the worker holds: the learner node's two RPCs, here calls on a local server."""
+
+    def __init__(self, server, address):
+        self._server = server
+        self._address = address
+        self.rpc_steps = 0
+
+    def shm_address(self):
+        return self._address
+
+    def step(self, worker_id, run_id, obs, reward, terminated, truncated, first, episodes):
+        self.rpc_steps += 1
+        return self._server.step(worker_id, run_id, obs, reward, terminated, truncated, first,
+                                 episodes)
+
+
+def _run_worker(server, address, stop: threading.Event, until) -> Inference:
+    """Runs an EnvWorker (CartPole, K envs) in a thread bound to `stop` until `until()`."""
+    inference = Inference(server, address)
+    worker = EnvWorker(EnvFactory("CartPole-v1"), inference, 0, K, seed=1)
+    context = node_context.NodeContext("actor/0", stop, lambda status: None)
+
+    def run():
+        node_context.bind_thread(context)
+        worker.run()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not until():
+            assert time.monotonic() < deadline, "the worker did not get there within 60 s"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    return inference
+
+
+def _server(unrolls, episodes, stop, shared_memory):
+    spec = EnvFactory("CartPole-v1").spec()
+    specs = step_specs(spec, {"logits": ArraySpec((2,), "float32")})
+    return InferenceServer(
+        jax.jit(policy), W, jax.random.PRNGKey(0), specs, 1, K, 10, unrolls.append, stop,
+        on_steps=lambda n, done: episodes.extend(done),
+        shared_memory=shm_layout(spec, K) if shared_memory else None)
+
+
+@pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")
+def test_a_worker_steps_through_shared_slots_and_its_data_arrives_intact():
+    unrolls, episodes, stop = [], [], threading.Event()
+    server = _server(unrolls, episodes, stop, shared_memory=True)
+    server.start()
+    inference = _run_worker(server, server.shm_address(), stop,
+                            lambda: len(unrolls) >= 20 and len(episodes) >= 5)
+    server.join(30)
+    assert inference.rpc_steps == 0  # Every step came through the shared slots.
+    for unroll in unrolls:
+        # What the policy saw is what it acted on: its actions and logits match the obs.
+        np.testing.assert_allclose(unroll["logits"], unroll["obs"] @ W, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(unroll["action"], np.argmax(unroll["obs"] @ W, axis=-1))
+        # CartPole's flags and rewards arrived as the env gave them: a reset step after
+        # every episode end, with reward 0; reward 1 on every other step.
+        done = unroll["terminated"][:-1] | unroll["truncated"][:-1]
+        np.testing.assert_array_equal(unroll["first"][1:], done)
+        np.testing.assert_array_equal(unroll["reward"], np.where(unroll["first"], 0.0, 1.0))
+        assert (np.abs(unroll["obs"]) < 5).all() and unroll["obs"].any()
+    # Finished episodes reached the counter: CartPole's return is its length.
+    assert all(ret == length > 0 for ret, length in episodes)
+
+
+def test_a_worker_that_cannot_reach_the_hub_says_so_once_and_uses_the_socket(capfd):
+    unrolls, episodes, stop = [], [], threading.Event()
+    server = _server(unrolls, episodes, stop, shared_memory=False)
+    server.start()
+    # What a worker on another host gets: an address that does not exist where it runs.
+    inference = _run_worker(server, "\0trellis-shm-not-on-this-host", stop,
+                            lambda: len(unrolls) >= 3)
+    server.join(30)
+    assert inference.rpc_steps >= 30
+    lines = [line for line in capfd.readouterr().err.splitlines() if line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("env worker 0: no shared memory with the inference server (")
+    assert lines[0].endswith("); stepping over the socket")
