@@ -157,7 +157,7 @@ def test_restarted_worker_slots_restart_from_the_initial_state_and_only_those():
 def _replay_state(builder, networks, params, policy, inputs, worker, steps):
     """Worker `worker`'s state after its first `steps` steps, as if never restarted."""
     state = builder.initial_state(SPEC, K)
-    for w, _, step in [x for x in inputs if x[0] == worker][:steps]:
+    for _, _, step in [x for x in inputs if x[0] == worker][:steps]:
         state = step_once(networks, params, policy, step["obs"], state, step["first"])[2]
     return state
 
