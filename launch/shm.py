@@ -108,8 +108,11 @@ class Channel:
             return None
 
     def close(self) -> None:
+        """Closes the wake-up socket; the arrays stay mapped until the channel is dropped.
+
+        A request still being served when its peer died may write its answer into them.
+        """
         self._sock.close()
-        self.arrays = {}  # Unmaps once no caller holds a view.
 
 
 def connect(address: str, layout: Layout, hello: bytes, timeout_s: float = 10.0) -> Channel:

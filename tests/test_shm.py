@@ -136,3 +136,18 @@ def test_wake_ends_a_poll_early_from_another_thread():
     timer.join()
     hub.close()
     hub.wake()  # After close: a no-op, not a write to a closed (or reused) fd.
+
+
+def test_a_closed_channel_keeps_its_arrays_for_an_answer_in_progress():
+    # The hub drops a dead worker's channel while the serving thread may still hold its
+    # request: writing the answer must not fail, sending it fails as an OSError.
+    hub = shm.Hub(LAYOUT)
+    client = shm.connect(hub.address, LAYOUT, b"")
+    client.send(1)
+    (channel, _), = _poll_until(hub, lambda m: m)
+    client.close()
+    _poll_until(hub, lambda m: not hub.channels)
+    channel.arrays["action"][:] = 3
+    with pytest.raises(OSError):
+        channel.send(1)
+    hub.close()
