@@ -3,6 +3,7 @@
 import textwrap
 
 import numpy as np
+import pytest
 
 from tests.multidevice import assert_devices_match, run_with_cpu_devices
 
@@ -13,7 +14,7 @@ SCRIPT = textwrap.dedent("""
     from trellis.builders.inference import step_specs
     from trellis.envs import EnvFactory
 
-    builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=6))
+    builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=6, core=CORE, lstm_size=16))
     spec = EnvFactory("CartPole-v1").spec()
     networks = builder.make_networks(spec)
     rng = np.random.default_rng(0)
@@ -27,6 +28,9 @@ SCRIPT = textwrap.dedent("""
         "truncated": np.zeros((T, B), bool),
         "first": rng.random((T, B)) < 0.1,
     }
+    # The recurrent core's state at each unroll's first step, as inference records it.
+    for name, v in builder.initial_state(spec, B).items():
+        batch["state/" + name] = rng.normal(size=(1,) + v.shape).astype(np.float32)
     out = {}
     for n in (1, 2, 4):
         from trellis.agents.impala.learner import Learner
@@ -41,8 +45,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_two_and_four_devices_match_one_device():
-    result = run_with_cpu_devices(SCRIPT, num_devices=4)
+# The LSTM variant is slow (three more compilations of the scanned core): in the slow suite.
+@pytest.mark.parametrize("core", ["none", pytest.param("lstm", marks=pytest.mark.slow)])
+def test_two_and_four_devices_match_one_device(core):
+    result = run_with_cpu_devices(SCRIPT.replace("CORE", repr(core)), num_devices=4)
     assert set(result) == {"1", "2", "4"}
     assert_devices_match(result)
 
