@@ -111,6 +111,7 @@ def test_a_killed_worker_gets_fresh_slots_and_the_old_ones_are_released():
               "every node process to exit")
 
 
+@pytest.mark.slow
 def test_a_killed_learner_stops_the_program_and_the_workers_see_it():
     program = _program(max_actor_restarts=0)
     running = launch.launch(program, platform="local_mp", block=False)
