@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
 RANDOM_CARTPOLE_RETURN = 22.0  # Mean return of a uniform random policy on CartPole-v1.
@@ -19,7 +21,7 @@ def _checkpoints(run_dir):
     return sorted(int(d) for d in os.listdir(path) if d.isdigit())
 
 
-def _train_then_kill(run_dir, min_env_steps, timeout_s=90):
+def _train_then_kill(run_dir, min_env_steps, timeout_s=90, flags=()):
     """Trains on local_mp until a checkpoint past `min_env_steps` exists, then SIGKILLs it all.
 
     The whole process group gets SIGKILL at once, as when a machine dies: nothing can write
@@ -28,7 +30,7 @@ def _train_then_kill(run_dir, min_env_steps, timeout_s=90):
     proc = subprocess.Popen(
         RUN + ["--platform=local_mp", "--total_env_steps=100000000", "--stop_at_return=none",
                "--checkpoint_every_s=1", "--eval_every=0", "--envs_per_actor=24",
-               f"--logdir={run_dir}"],
+               f"--logdir={run_dir}", *flags],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout_s
@@ -92,3 +94,29 @@ def test_sigkill_then_resume_continues_counters_metrics_and_returns(tmp_path):
     assert experiment["envs_per_actor"] == 24 and experiment["checkpoint_every_s"] == 1
     assert experiment["eval_every"] == 100000 and experiment["eval_episodes"] == 5
     assert config["command_line"]["platform"] == "local_mt"
+
+
+@pytest.mark.slow
+def test_recurrent_agent_resumes_its_lstm_params_and_counters(tmp_path):
+    """LSTM IMPALA on the memory task: killed on local_mp, resumed on local_mt, where the
+    evaluator runs the restored stateful policy."""
+    run_dir = str(tmp_path / "run")
+    flags = ("--core=lstm", "--env=CartPoleNoVel-v1")
+    _train_then_kill(run_dir, min_env_steps=20_000, flags=flags, timeout_s=150)
+    killed_at = _checkpoints(run_dir)[-1]
+    before = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    out = subprocess.run(
+        RUN + [f"--resume={run_dir}", "--platform=local_mt",
+               f"--total_env_steps={killed_at + 20_000}", "--eval_every=100000",
+               "--eval_episodes=3"],
+        cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["resumed_from_env_steps"] == killed_at and summary["stopped_by"] == "budget"
+    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    new = [r for r in records if r["resumes"] == 1]
+    old_steps = max(r["learner_steps"] for r in before if r["env_steps"] <= killed_at)
+    assert new[0]["learner_steps"] >= old_steps > 0
+    assert any("eval_return_mean" in r for r in new)
+    config = json.load(open(os.path.join(run_dir, "config.json")))
+    assert config["agent_config"]["core"] == "lstm"
