@@ -20,7 +20,7 @@ def _run(run_dir, *flags):
         [sys.executable, os.path.join(REPO, "launch", "run.py"), "--platform=local_mp",
          "--total_env_steps=2000", "--stop_at_return=none", "--num_actors=1",
          "--envs_per_actor=32", "--quiet", f"--logdir={run_dir}", *flags],
-        capture_output=True, text=True, timeout=180, cwd=REPO)
+        capture_output=True, text=True, timeout=600, cwd=REPO)  # A hang guard.
     assert out.returncode == 0, out.stderr[-3000:]
     with open(os.path.join(run_dir, "summary.json")) as f:
         return json.load(f)
@@ -40,7 +40,8 @@ def test_second_run_of_a_config_compiles_nothing_and_reports_startup(tmp_path):
     _run(tmp_path / "second")
     # JAX writes an entry for every program it compiles (none are too fast to keep): no new
     # entry means the second run loaded every program it needed.
-    assert _cache_entries(tmp_path) == compiled
+    new = sorted(set(_cache_entries(tmp_path)) - set(compiled))
+    assert new == [], f"the second run compiled {len(new)} program(s) again: {new}"
 
 
 @pytest.mark.slow
