@@ -16,6 +16,7 @@ a resumed run; `members` lists each member's result.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import threading
@@ -224,15 +225,18 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
     resumes = int(resume[1].get("resumes", 0)) + 1 if resume else 0
     population = make_population(builder, env_factory, config.seed, config.return_window,
                                  settings)
-    checkpoints = Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints)
+    # orbax and tensorboardX take a second or two to import: they are opened at their first
+    # use, so a short run reaches its target without waiting for them.
+    checkpoints = functools.cache(
+        lambda: Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints))
+    writer = functools.cache(lambda: RunWriter(run_dir, resume_steps))
     if resume:
-        state, _ = checkpoints.restore(population.state, resume[0])
+        state, _ = checkpoints().restore(population.state, resume[0])
         population.restore(state)
     steps_per_update = population.anakin.unroll_length * population.anakin.num_envs
     hparams = _member_hparams(population)
     rule = StopRule(config.total_env_steps, config.stop_at_return, config.return_window)
     progress_bar = Progress(config.total_env_steps, quiet=quiet, initial=resume_steps or 0)
-    writer = RunWriter(run_dir, resume_steps)
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
 
@@ -265,10 +269,10 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
                     member_snapshots[0].env_steps - steady_steps, now - steady_start,
                     population.num_members))
                 progress_bar.update(stats)
-                writer.log(stats, fields)
+                writer().log(stats, fields)
                 last_log = now
             if now - last_checkpoint >= config.checkpoint_every_s:
-                _save(checkpoints, population, member_snapshots[0])
+                _save(checkpoints(), population, member_snapshots[0])
                 last_checkpoint = now
     except KeyboardInterrupt:
         stopped_by, exit_code, stop_time = "signal", 130, time.monotonic()
@@ -277,12 +281,12 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
             signal.signal(signal.SIGTERM, previous)
         progress_bar.close()
     member_snapshots = snapshots()
-    _save(checkpoints, population, member_snapshots[0])
-    checkpoints.close()
+    _save(checkpoints(), population, member_snapshots[0])
+    checkpoints().close()
     stats, fields = population_stats(member_snapshots, hparams)
     stats.update(_metrics(metrics))
-    writer.log(stats, fields)
-    writer.close()
+    writer().log(stats, fields)
+    writer().close()
 
     session_time = stop_time - session_start
     env_steps = member_snapshots[0].env_steps

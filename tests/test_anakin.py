@@ -20,6 +20,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
+from tests.multidevice import assert_devices_match, run_with_cpu_devices  # noqa: E402
 from trellis.agents.common import init_training_state  # noqa: E402
 from trellis.agents.ppo import Builder as PPOBuilder  # noqa: E402
 from trellis.agents.ppo import Config as PPOConfig  # noqa: E402
@@ -307,3 +308,29 @@ def test_member_hparams_lists_and_log_uniform_ranges():
     assert member_hparams("learning_rate=1e-3:1e-2", 64, seed=4)["learning_rate"] != list(lr)
     assert member_hparams("learning_rate=1,2,3", 3, seed=0) == {"learning_rate": [1.0, 2.0, 3.0]}
     assert member_hparams(None, 3, seed=0) == {}
+
+
+_DEVICES_SCRIPT = """
+import json, jax, numpy as np
+from trellis.agents.ppo import Builder, Config
+from trellis.builders.anakin_run import PopulationSettings, make_population
+from trellis.envs import make_env_factory
+config = Config(batch_size=8, unroll_length=8, num_minibatches=2, hidden_sizes=(16,))
+population = make_population(Builder(config), make_env_factory("gymnax:CartPole-v1"), 0, 10,
+                             PopulationSettings(num_seeds=2, updates_per_call=2))
+metrics = population.step()
+obs = population.state.pending["obs"]
+print(json.dumps({"params": [np.asarray(x).ravel().tolist()
+                             for x in jax.tree.leaves(population.state.train.params)],
+                  "loss": float(np.mean(metrics["loss"])),
+                  "shards": len(obs.sharding.device_set),
+                  "env_shard_rows": obs.addressable_shards[0].data.shape[1]}))
+"""
+
+
+@pytest.mark.slow
+def test_env_batch_is_sharded_over_devices_with_the_same_numbers():
+    """On 2 devices each holds half of every member's envs; params and loss are those of 1."""
+    result = {str(n): run_with_cpu_devices(_DEVICES_SCRIPT, n, timeout=600) for n in (1, 2)}
+    assert result["2"]["env_shard_rows"] == 4 and result["1"]["env_shard_rows"] == 8
+    assert_devices_match(result)
