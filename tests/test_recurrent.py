@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.test_run import run, summary
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.base import STATE_PREFIX, QueueSpec, recorded_state
 from trellis.builders.inference import InferenceServer, UnrollRecorder, step_specs
@@ -178,3 +179,48 @@ def test_recorder_captures_state_where_each_unroll_begins_with_overlap():
 def test_queue_spec_rejects_an_overlap_outside_the_unroll():
     with pytest.raises(ValueError, match=r"overlap=6 must be in \[1, unroll_length=5\]"):
         QueueSpec(5, 8, 2, overlap=6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("platform,flags", [
+    ("local_mt", []),
+    ("local_mp", ["--unroll_queue=replay"]),  # The state fields go through a Queue table too.
+    ("ray", []),
+])
+def test_lstm_impala_runs_and_stops_on_every_platform(platform, flags, tmp_path):
+    out = run(["--agent=impala", "--core=lstm", "--env=CartPoleNoVel-v1",
+               f"--platform={platform}", "--total_env_steps=20000", "--stop_at_return=none",
+               "--eval_every=10000", "--eval_episodes=2", f"--logdir={tmp_path}", *flags])
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "budget" and s["env_steps"] >= 20000 and s["learner_steps"] > 0
+
+
+@pytest.mark.slow
+def test_conv_lstm_impala_trains_on_pong(tmp_path):
+    """Smoke: the IMPALA-paper conv torso and the LSTM on ALE frames (pip install -e '.[atari]')."""
+    pytest.importorskip("ale_py", reason="ALE needs the atari extra: pip install -e '.[atari]'")
+    out = run(["--agent=impala", "--core=lstm", "--env=ALE/Pong-v5", "--platform=local_mt",
+               "--num_actors=1", "--envs_per_actor=4", "--batch_size=4",
+               "--total_env_steps=3000", "--stop_at_return=none", f"--logdir={tmp_path}"],
+              timeout=600)
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "budget" and s["learner_steps"] > 0
+
+
+@pytest.mark.slow  # The residual torso on 84x84 frames compiles for a while on the CPU.
+def test_pixel_observations_go_through_the_impala_resnet_torso_then_the_lstm():
+    spec = EnvSpec((4, 84, 84), "uint8", 6, (), "int32")  # ALE's stacked frames.
+    networks = ImpalaBuilder(ImpalaConfig(core="lstm", lstm_size=32)).make_networks(spec)
+    params = networks.init(jax.random.PRNGKey(0))["params"]
+    torso = params["torso"]
+    # Three sections of conv + two residual blocks (two convs each), 16/32/32 channels.
+    assert [torso[f"Conv_{i}"]["kernel"].shape[-1] for i in range(3)] == [16, 32, 32]
+    assert len([k for k in torso if k.startswith("ResidualBlock")]) == 6
+    assert torso["Dense_0"]["kernel"].shape == (11 * 11 * 32, 256)  # 84 -> 42 -> 21 -> 11.
+    obs = np.random.default_rng(0).integers(0, 255, size=(3, 2, 4, 84, 84), dtype=np.uint8)
+    logits, values, state = jax.jit(networks.apply)(
+        {"params": params}, obs, np.ones((3, 2), bool), networks.initial_state(2))
+    assert logits.shape == (3, 2, 6) and values.shape == (3, 2)
+    assert state["h"].shape == (2, 32) and np.abs(np.asarray(state["h"])).max() > 0
