@@ -90,19 +90,33 @@ def _stats_metrics(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Reporter:
-    """`run_experiment`'s on_stats: reports each record to Tune, with the newest complete
-    orbax checkpoint of the run when there is a new one (PBT's exploit needs them)."""
+    """`run_experiment`'s on_stats: reports each record to Tune, some with the newest
+    complete orbax checkpoint of the run.
 
-    def __init__(self, run_dir: str, trial_id: str, metric: str, last_step: int | None):
+    Without `pbt_interval`, a record goes with each new checkpoint (for restarts). With it,
+    a record goes with the checkpoint each time `pbt_interval` env steps have passed since
+    the last one that did: the records where PBT ranks the trial (its perturbation_interval
+    in env steps), so the top trials' checkpoints are those PBT exploits, and Tune keeps only
+    a few of them.
+    """
+
+    def __init__(self, run_dir: str, trial_id: str, metric: str, last_step: int | None,
+                 pbt_interval: int | None):
         self._checkpoints = os.path.join(run_dir, CHECKPOINT_SUBDIR)
         self._trial_id, self._metric, self._last_step = trial_id, metric, last_step
+        self._pbt_interval = pbt_interval
+        self._next_due = (last_step or 0) + (pbt_interval or 0)
 
     def __call__(self, stats: dict[str, Any]) -> bool:
         metrics = _stats_metrics(stats)
         if metrics.get(self._metric) is None:  # No finished episode yet: nothing to rank.
             return False
         step = latest_step(self._checkpoints)
-        if step is None or step == self._last_step:
+        if self._pbt_interval is None:
+            due = step is not None and step != self._last_step
+        else:
+            due = step is not None and metrics["env_steps"] >= self._next_due
+        if not due:
             tune.report(metrics)
             return False
         with tempfile.TemporaryDirectory() as tmp:
@@ -111,6 +125,7 @@ class _Reporter:
             write_json(os.path.join(tmp, _ORIGIN), {"trial_id": self._trial_id, "step": step})
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
         self._last_step = step
+        self._next_due = metrics["env_steps"] + (self._pbt_interval or 0)
         return False
 
 
@@ -158,7 +173,8 @@ def run_trial(hparams: dict[str, Any], spec: SweepSpec) -> None:
         run_dir, platform=spec.platform, quiet=True, resume=origin is not None,
         options={"agent": spec.agent, "env": spec.env, "platform": spec.platform},
         extra_metrics={"learning_rate": agent_config.learning_rate},
-        on_stats=_Reporter(run_dir, trial_id, spec.metric, origin and origin["step"]))
+        on_stats=_Reporter(run_dir, trial_id, spec.metric, origin and origin["step"],
+                           spec.pbt.pbt_interval if spec.scheduler == "pbt" else None))
     if summary["exit_code"] == 1:
         raise RuntimeError(f"trial {trial_id}: {summary.get('error')}")
     final = {"env_steps": summary["env_steps"], "learner_steps": summary["learner_steps"],
@@ -224,7 +240,8 @@ def _tuner(spec: SweepSpec) -> tune.Tuner:
     run_config = tune.RunConfig(
         name=TUNE_DIR, storage_path=spec.sweep_dir, verbose=0,
         failure_config=tune.FailureConfig(max_failures=0),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
+        # A few per trial: PBT's exploit may pick a donor's checkpoint a little behind.
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=4))
     return tune.Tuner(trainable, param_space={k: _domain(d) for k, d in spec.search.items()},
                       tune_config=tune_config, run_config=run_config)
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 pytest.importorskip("ray.tune")
+from trellis.builders.tuning import read_events  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--agent=impala", "--num_actors=1", "--envs_per_actor=4", "--batch_size=4",
@@ -133,3 +134,25 @@ def test_ctrl_c_stops_every_trial_and_leaves_no_process(tmp_path):
         for pid in _alive(_descendants(proc.pid)):
             os.kill(pid, signal.SIGKILL)
     assert proc.returncode in (0, 130)
+
+
+@pytest.mark.slow
+def test_pbt_exploits_record_the_donor_and_resume_from_its_checkpoint(tmp_path):
+    proc = _tune(tmp_path, "--num_trials=3", "--max_concurrent=3", "--total_env_steps=10000",
+                 "--scheduler=pbt", "--pbt_interval=1500", "--pbt_quantile=0.34",
+                 "--search", "learning_rate=loguniform:1e-5:1e-1")
+    try:
+        output, _ = proc.communicate(timeout=500)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [t["status"] for t in sweep["trials"]] == ["completed"] * 3
+    ids = {t["trial_id"] for t in sweep["trials"]}
+    events = [(t, event) for t in sweep["trials"] for event in read_events(t["run_dir"])]
+    assert events, "no exploit in the sweep"
+    for trial, event in events:
+        assert event["donor"] in ids - {trial["trial_id"]}
+        config = json.loads(open(os.path.join(trial["run_dir"], "config.json")).read())
+        resumed = [s["resumed_from_env_steps"] for s in config["run"]["sessions"]]
+        assert event["env_steps"] in resumed  # The run went on from the donor's checkpoint.
