@@ -13,6 +13,7 @@ from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.base import STATE_PREFIX, QueueSpec, recorded_state
 from trellis.builders.inference import InferenceServer, UnrollRecorder, step_specs
 from trellis.envs import EnvSpec
+from trellis.launch import run as launch_run
 
 SPEC = EnvSpec((2,), "float32", 3, (), "int32")  # Two observed numbers, three actions.
 K, T = 4, 6
@@ -224,3 +225,13 @@ def test_pixel_observations_go_through_the_impala_resnet_torso_then_the_lstm():
         {"params": params}, obs, np.ones((3, 2), bool), networks.initial_state(2))
     assert logits.shape == (3, 2, 6) and values.shape == (3, 2)
     assert state["h"].shape == (2, 32) and np.abs(np.asarray(state["h"])).max() > 0
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--agent=ppo", "--core=lstm"], "--core is a setting of impala, not of ppo"),
+    (["--agent=impala", "--core=gru"], "--core must be one of 'none', 'lstm', got 'gru'"),
+])
+def test_core_flag_errors_are_one_line_and_exit_2(argv, expected, capsys):
+    assert launch_run.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("run.py: error: ") and expected in err, err
