@@ -237,8 +237,18 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
     hparams = _member_hparams(population)
     rule = StopRule(config.total_env_steps, config.stop_at_return, config.return_window)
     progress_bar = Progress(config.total_env_steps, quiet=quiet, initial=resume_steps or 0)
+    # Ctrl-C and SIGTERM only set a flag that the loop reads between calls: an exception
+    # raised at an arbitrary point could leave JAX or orbax holding a lock that the final
+    # checkpoint then waits on. A second Ctrl-C interrupts at once.
+    signalled = threading.Event()
+
+    def on_signal(signum, frame):
+        signalled.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
     in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
+    previous = ({s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+                if in_main else {})
 
     def snapshots():
         elapsed = elapsed_before + time.monotonic() - session_start
@@ -261,6 +271,8 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
                 stopped_by = "budget"
             elif all(d == "return_target" for d in decisions):
                 stopped_by = "return_target"
+            elif signalled.is_set():
+                stopped_by, exit_code = "signal", 130
             if stopped_by is not None:
                 stop_time = now
             if stopped_by is not None or now - last_log >= config.log_every_s:
@@ -274,11 +286,9 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
             if now - last_checkpoint >= config.checkpoint_every_s:
                 _save(checkpoints(), population, member_snapshots[0])
                 last_checkpoint = now
-    except KeyboardInterrupt:
-        stopped_by, exit_code, stop_time = "signal", 130, time.monotonic()
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         progress_bar.close()
     member_snapshots = snapshots()
     _save(checkpoints(), population, member_snapshots[0])
@@ -358,6 +368,3 @@ def _member_summary(snapshot: Any, hparams: Mapping[str, float], config: Any) ->
 def _save(checkpoints: Checkpointer, population: Population, snapshot: Any) -> None:
     checkpoints.save(snapshot.env_steps, population.state, snapshot.progress())
 
-
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt

@@ -278,10 +278,11 @@ def test_ctrl_c_stops_with_a_checkpoint_and_summary(tmp_path, cache):
     """SIGINT during training: exit code 130, stopped_by signal, a final checkpoint."""
     run_dir = tmp_path / "run"
     script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch", "run.py")
+    stderr = (tmp_path / "stderr").open("w")  # A file: a full pipe would block the process.
     process = subprocess.Popen(
         [sys.executable, script, *SMALL_FLAGS, "--total_env_steps=100000000", "--log_every_s=0.1",
          f"--compilation_cache={cache}", f"--logdir={run_dir}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         deadline = time.monotonic() + 240
         while not (run_dir / "metrics.jsonl").exists() or not (
@@ -289,9 +290,10 @@ def test_ctrl_c_stops_with_a_checkpoint_and_summary(tmp_path, cache):
             assert process.poll() is None and time.monotonic() < deadline, "no metrics"
             time.sleep(0.1)
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=120) == 130, process.stderr.read()[-3000:]
+        assert process.wait(timeout=240) == 130, (tmp_path / "stderr").read_text()[-3000:]
     finally:
         process.kill()
+        stderr.close()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "signal" and summary["exit_code"] == 130
     assert os.path.isdir(run_dir / "checkpoints" / str(summary["env_steps"]))
