@@ -12,26 +12,33 @@ from typing import Any
 
 import gymnasium as gym
 
-from trellis.envs import cartpole_novel
+from trellis.envs import cartpole_novel, popgym_envs
 from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
-# Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium).
-_PLUGIN_MODULES = {"ALE/": "ale_py"}
+# Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium),
+# as prefix: (module, the pyproject extra that installs it).
+_PLUGIN_MODULES = {"ALE/": ("ale_py", "atari"), popgym_envs.PREFIX: ("popgym", "popgym")}
+# Ids whose envs need wrapping to fit EnvSpec, as prefix: wrapper.
+_ADAPTERS = {popgym_envs.PREFIX: popgym_envs.adapt}
 
 
 def _register_plugins(env_id: str) -> None:
     cartpole_novel.register()  # Trellis's own ids.
-    for prefix, module in _PLUGIN_MODULES.items():
+    for prefix, (module, extra) in _PLUGIN_MODULES.items():
         if env_id.startswith(prefix):
             try:
                 gym.register_envs(__import__(module))
             except ImportError as e:
                 raise UnknownEnvError(
-                    f"env {env_id!r} needs the {module!r} package: pip install -e '.[atari]'"
+                    f"env {env_id!r} needs the {module!r} package: pip install -e '.[{extra}]'"
                 ) from e
+
+
+def _adapters(env_id: str) -> list:
+    return [adapt for prefix, adapt in _ADAPTERS.items() if env_id.startswith(prefix)]
 
 
 def make_env_factory(env_id: str) -> EnvFactory | GymnaxFactory | EnvpoolFactory:
@@ -59,21 +66,29 @@ class EnvFactory:
     jax_native = False  # Stepped by env workers on the host, not inside jitted code.
 
     def validate(self) -> None:
-        """Raises UnknownEnvError, naming close matches, when the id is not registered."""
+        """Raises UnknownEnvError, naming close matches, when the id is not registered, or
+        when its envs' spaces cannot be adapted (POPGym's ids with MultiDiscrete actions)."""
         _register_plugins(self.env_id)
-        if self.env_id in gym.registry:
-            return
-        close = difflib.get_close_matches(self.env_id, list(gym.registry), n=5, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise UnknownEnvError(
-            f"unknown env {self.env_id!r}: not a registered Gymnasium id.{hint} "
-            "(List them with: python -c 'import gymnasium; gymnasium.pprint_registry()')"
-        )
+        if self.env_id not in gym.registry:
+            close = difflib.get_close_matches(self.env_id, list(gym.registry), n=5, cutoff=0.5)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise UnknownEnvError(
+                f"unknown env {self.env_id!r}: not a registered Gymnasium id.{hint} "
+                "(List them with: python -c 'import gymnasium; gymnasium.pprint_registry()')"
+            )
+        if _adapters(self.env_id):
+            # The spaces are known only once an env is built; the adapted ids build cheaply.
+            self._adapt(gym.make(self.env_id, **dict(self.kwargs))).close()
+
+    def _adapt(self, env: gym.Env) -> gym.Env:
+        for adapt in _adapters(self.env_id):
+            env = adapt(env)
+        return env
 
     def make(self, seed: int | None = None) -> gym.Env:
         """One env, reset with `seed` when given (for evaluation and spec queries)."""
         self.validate()
-        env = gym.make(self.env_id, **dict(self.kwargs))
+        env = self._adapt(gym.make(self.env_id, **dict(self.kwargs)))
         if seed is not None:
             env.reset(seed=seed)
         return env
@@ -82,15 +97,19 @@ class EnvFactory:
         """`num_envs` envs as one Gymnasium vector env with next-step autoreset.
 
         The env's own vectorised implementation is used when it has one (CartPole's numpy
-        version steps all envs in one call); otherwise a SyncVectorEnv. Either way, the
-        autoreset mode is NEXT_STEP, which EnvWorker relies on.
+        version steps all envs in one call); otherwise a SyncVectorEnv, of adapted envs for
+        the ids that need it. Either way, the autoreset mode is NEXT_STEP, which EnvWorker
+        relies on.
         """
         self.validate()
         spec = gym.spec(self.env_id)
-        mode = "vector_entry_point" if spec.vector_entry_point and not self.kwargs else "sync"
-        envs = gym.make_vec(
-            self.env_id, num_envs=num_envs, vectorization_mode=mode, **dict(self.kwargs)
-        )
+        adapters = _adapters(self.env_id)
+        if spec.vector_entry_point and not self.kwargs and not adapters:
+            mode, wrappers = "vector_entry_point", None
+        else:
+            mode, wrappers = "sync", adapters
+        envs = gym.make_vec(self.env_id, num_envs=num_envs, vectorization_mode=mode,
+                            wrappers=wrappers, **dict(self.kwargs))
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset != gym.vector.AutoresetMode.NEXT_STEP:
             raise RuntimeError(f"{self.env_id}: expected NEXT_STEP autoreset, got {autoreset}")
