@@ -9,7 +9,7 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("agents", "builders", "launch", "envs", "reverb_tables")
 # The three command lines register the clone as `trellis` when run as files (see their tops).
-SCRIPTS = {"launch/run.py", "launch/evaluate.py", "launch/plot.py"}
+SCRIPTS = {"launch/run.py", "launch/tune.py", "launch/evaluate.py", "launch/plot.py"}
 
 
 def test_import_linter_contracts_are_kept():
