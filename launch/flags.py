@@ -429,7 +429,7 @@ def parse_groups(argv: Sequence[str], prog: str,
     known = {s.name: s for _, cls in groups for s in settings(cls)}
     parser = _parser(prog, "", groups, add_help=False)
     if "-h" in argv or "--help" in argv:
-        print(parser.format_help().split("\n", 2)[2])  # Without the usage line.
+        print(parser.format_help().split("\n\n", 1)[1])  # Without the usage lines.
     given, rest = _given(parser, argv, known)
     try:
         built = [cls(**{s.name: given[s.name] for s in settings(cls) if s.name in given})
