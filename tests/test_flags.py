@@ -166,7 +166,7 @@ def _one_line_error(capsys, argv, expected):
     (["--agent=ppo", "--num_minibatches=3"], "--num_minibatches must be a divisor of "
      "unroll_length * batch_size = 1024"),
     (["--ray_address=auto"], "--ray_address must be none unless --platform=ray"),
-    (["--agent=dqnx"], "--agent must be one of 'apex', 'dqn', 'impala', 'ppo', 'sac'"),
+    (["--agent=dqnx"], "--agent must be one of " + ", ".join(map(repr, sorted(AGENTS)))),
     (["--env=CartPole-v7"], "unknown env 'CartPole-v7'"),
 ])
 def test_bad_flag_is_one_line_and_exit_2(argv, expected, capsys):
