@@ -75,7 +75,7 @@ def main() -> None:
                                              "mean_return")},
                     # A count, not a fraction: the JSON line rounds floats to 0.1.
                     "solved": f"{sum(bool(m['solved']) for m in members)}/{len(members)}"
-                    if members else None}
+                    if members and members[0]["solved"] is not None else None}
 
         cold = row(f"(a) seed {seeds[0]}, cold cache", anakin(cache, target, f"--seed={seeds[0]}"))
         warm = [row(f"(a) seed {seed}, warm cache", anakin(cache, target, f"--seed={seed}"))
