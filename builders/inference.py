@@ -246,7 +246,10 @@ class InferenceServer:
         shared_memory: shm.Layout | None = None,
     ):
         self._params = params
-        self._key = key
+        # On the host between calls, fetched with the actions: a key that came out of a jitted
+        # call is committed to the device, a new one is not, and each kind compiles a program
+        # of its own, so which ones a run compiles would depend on its first calls.
+        self._key = jax.device_get(key)
         self._specs = dict(specs)
         self._num_workers = num_workers
         self._k = envs_per_worker
@@ -379,10 +382,31 @@ class InferenceServer:
 
     def _serve(self) -> None:
         try:
+            self._compile_batch_sizes()
             self._serve_until_stopped()
         finally:
             if self._hub is not None:
                 self._hub.close()  # Workers still waiting see EOF.
+
+    def _compile_batch_sizes(self) -> None:
+        """Compiles the policy for every padded batch size it can be called with, up front.
+
+        Which sizes a run meets depends on how the workers' requests happen to meet, so
+        compiling on first use would make a run's set of programs a matter of timing: a second
+        run of the same config could still compile one (a miss in the persistent compilation
+        cache). All rows are padding (slot out of range), so no slot's state changes, and the
+        key is not advanced.
+        """
+        first = self._specs["first"]
+        obs = self._specs["obs"]
+        requests = -(-self._max_batch // self._k)
+        for n in sorted({_bucket(i * self._k) for i in range(1, requests + 1)}):
+            args = (self._params, self._key, obs.zeros((n,)), first.zeros((n,)))
+            if self._state:
+                slots = np.full(n, self._num_workers * self._k, np.int32)
+                self._state = self._act(*args, slots, self._state)[3]
+            else:
+                self._act(*args)
 
     def _serve_until_stopped(self) -> None:
         while not self._stop.is_set():
@@ -414,11 +438,12 @@ class InferenceServer:
                 slots[i * self._k:(i + 1) * self._k] = worker_slots
                 if self._recorder.is_new_run(request.worker_id, request.run_id):
                     self._state = self._reset(self._state, self._initial, worker_slots)
-            self._key, actions, extras, self._state, state_rows = self._act(
+            key, actions, extras, self._state, state_rows = self._act(
                 self._params, self._key, obs, first, slots, self._state)
         else:
-            self._key, actions, extras = self._act(self._params, self._key, obs, first)
-        actions, extras = jax.device_get((actions, extras))  # One transfer for all of them.
+            key, actions, extras = self._act(self._params, self._key, obs, first)
+        # One transfer for all of them.
+        self._key, actions, extras = jax.device_get((key, actions, extras))
         actions = actions[:n]
         extras = {name: v[:n] for name, v in extras.items()}
         host_rows = functools.cache(lambda: jax.device_get(state_rows))

@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _run(run_dir, *flags):
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, "launch", "run.py"), "--platform=local_mp",
-         "--total_env_steps=2000", "--stop_at_return=none", "--num_actors=1",
+         "--total_env_steps=2000", "--stop_at_return=none", "--num_actors=2",
          "--envs_per_actor=32", "--quiet", f"--logdir={run_dir}", *flags],
         capture_output=True, text=True, timeout=600, cwd=REPO)  # A hang guard.
     assert out.returncode == 0, out.stderr[-3000:]
