@@ -31,19 +31,19 @@ from common import cpu_count, rounded
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(*flags: str) -> dict:
-    """One run.py process; its summary.json."""
-    with tempfile.TemporaryDirectory() as logdir:
-        cmd = [sys.executable, os.path.join(REPO, "launch", "run.py"), "--agent=ppo", "--quiet",
-               f"--logdir={logdir}", *flags]
-        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-        with open(os.path.join(logdir, "summary.json")) as f:
-            return json.load(f)
+def run(runs: str, *flags: str) -> dict:
+    """One run.py process with its run directory in `runs` (where the runs share the
+    compilation cache); its summary.json."""
+    logdir = tempfile.mkdtemp(dir=runs)
+    cmd = [sys.executable, os.path.join(REPO, "launch", "run.py"), "--agent=ppo", "--quiet",
+           f"--logdir={logdir}", *flags]
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    with open(os.path.join(logdir, "summary.json")) as f:
+        return json.load(f)
 
 
-def anakin(cache: str, *flags: str) -> dict:
-    return run("--platform=anakin", "--env=gymnax:CartPole-v1", f"--compilation_cache={cache}",
-               *flags)
+def anakin(runs: str, *flags: str) -> dict:
+    return run(runs, "--platform=anakin", "--env=gymnax:CartPole-v1", *flags)
 
 
 def main() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     target = f"--stop_at_return={args.target}"
     out: dict = {"cpus": cpu_count(), "target": args.target}
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as runs:
         print(f"{'run':<34}{'stopped by':>14}{'wall s':>8}{'env steps':>12}{'steps/s':>12}"
               f"{'steady/s':>12}{'return':>8}{'solved':>8}", flush=True)
 
@@ -77,28 +77,28 @@ def main() -> None:
                     "solved": f"{sum(bool(m['solved']) for m in members)}/{len(members)}"
                     if members and members[0]["solved"] is not None else None}
 
-        cold = row(f"(a) seed {seeds[0]}, cold cache", anakin(cache, target, f"--seed={seeds[0]}"))
-        warm = [row(f"(a) seed {seed}, warm cache", anakin(cache, target, f"--seed={seed}"))
+        cold = row(f"(a) seed {seeds[0]}, cold cache", anakin(runs, target, f"--seed={seeds[0]}"))
+        warm = [row(f"(a) seed {seed}, warm cache", anakin(runs, target, f"--seed={seed}"))
                 for seed in seeds]
         out["time_to_target"] = {
             "cold": cold, "warm": warm,
             "median_warm_wall_time_s": statistics.median(r["wall_time_s"] for r in warm),
             "solved": f"{sum(r['stopped_by'] == 'return_target' for r in warm)}/{len(warm)}"}
         out["steady"] = row("(b) steady, 1 seed", anakin(
-            cache, "--stop_at_return=none", f"--total_env_steps={args.steady_env_steps}"))
+            runs, "--stop_at_return=none", f"--total_env_steps={args.steady_env_steps}"))
         population = {}
         for n in (int(x) for x in args.num_seeds.split(",")):
             population[n] = row(f"(c) --num_seeds={n}", anakin(
-                cache, f"--num_seeds={n}", target,
+                runs, f"--num_seeds={n}", target,
                 f"--total_env_steps={args.population_env_steps}"))
         base = population.get(1, {}).get("steady_env_steps_per_s")
         for r in population.values():
             r["speedup_vs_1"] = r["steady_env_steps_per_s"] / base if base else None
         out["population"] = population
-    if not args.no_local_mp:
-        out["local_mp_gymnasium"] = [row(f"(d) local_mp Gymnasium, seed {seed}",
-                                         run("--platform=local_mp", "--env=CartPole-v1", target,
-                                             f"--seed={seed}")) for seed in seeds]
+        if not args.no_local_mp:  # Beside the anakin runs: the same compilation cache.
+            out["local_mp_gymnasium"] = [row(f"(d) local_mp Gymnasium, seed {seed}",
+                                             run(runs, "--platform=local_mp", "--env=CartPole-v1",
+                                                 target, f"--seed={seed}")) for seed in seeds]
     print(json.dumps(rounded(out)))
 
 

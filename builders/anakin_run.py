@@ -50,23 +50,11 @@ class PopulationSettings:
       num_seeds: M, members trained in one program.
       hparams: {name: M values}, the members' starting hyper-parameters (others: the config's).
       updates_per_call: updates of every member per compiled call.
-      compilation_cache: directory of JAX's persistent compilation cache, or None (off).
     """
 
     num_seeds: int = 1
     hparams: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
     updates_per_call: int = 8
-    compilation_cache: str | None = None
-
-
-def use_compilation_cache(directory: str) -> None:
-    """Keeps every compiled program in `directory` (JAX's persistent cache), so that a later
-    process running the same program loads it instead of compiling it again: on a 2-core CPU
-    machine, compiling the PPO update alone takes seconds. Takes effect for the programs this
-    process compiles after the call."""
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def seconds_since_process_start() -> float | None:
@@ -218,8 +206,6 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
     """
     process_age = seconds_since_process_start()
     session_start = time.monotonic() - (process_age or 0.0)
-    if settings.compilation_cache is not None:
-        use_compilation_cache(settings.compilation_cache)
     resume_steps = resume[1]["env_steps"] if resume else None
     elapsed_before = float(resume[1].get("elapsed_s", 0.0)) if resume else 0.0
     resumes = int(resume[1].get("resumes", 0)) + 1 if resume else 0

@@ -87,9 +87,6 @@ class RunOptions(Config):
     updates_per_call: int = setting(
         8, "anakin: updates per compiled call; between calls the host logs, checkpoints and "
         "checks the stop rule", ge=1)
-    compilation_cache: str | None = setting(
-        "~/.cache/trellis/jax", "anakin: directory of JAX's persistent compilation cache (a "
-        "later run of the same program loads it instead of compiling); none: off")
 
     def check(self) -> None:
         if self.ray_address is not None and self.platform != "ray":

@@ -62,8 +62,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     platform_options = {"ray_address": options.ray_address} if options.platform == "ray" else {}
     if options.platform == ANAKIN:
         platform_options = {"num_seeds": options.num_seeds, "hparams": run.population_hparams(),
-                            "updates_per_call": options.updates_per_call,
-                            "compilation_cache": options.compilation_cache}
+                            "updates_per_call": options.updates_per_call}
     cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:
         with compile_cache(cache):

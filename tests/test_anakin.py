@@ -33,6 +33,7 @@ from trellis.builders.anakin import (  # noqa: E402
 )
 from trellis.builders.curves import _member_returns, plot_run  # noqa: E402
 from trellis.builders.env_worker import EpisodeTracker  # noqa: E402
+from trellis.builders.experiment import COMPILE_CACHE_SUBDIR  # noqa: E402
 from trellis.envs import GymnaxFactory, make_env_factory  # noqa: E402
 from trellis.launch import evaluate, run  # noqa: E402
 from trellis.launch.flags import member_hparams  # noqa: E402
@@ -194,8 +195,7 @@ def test_bad_command_lines_are_one_line_and_exit_2(argv, message, capsys, tmp_pa
     (["--agent=ppo", "--member_hparams=entropy_costt=0.1"], "entropy_costt is not a hyper"),
 ])
 def test_agents_anakin_cannot_run_exit_2(argv, message, capsys, tmp_path):
-    # No compilation cache: it would stay configured for the rest of this test process.
-    assert run.main([*argv, "--platform=anakin", f"--env={CARTPOLE}", "--compilation_cache=none",
+    assert run.main([*argv, "--platform=anakin", f"--env={CARTPOLE}", "--no_compile_cache",
                      f"--logdir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
@@ -209,9 +209,10 @@ def _run(*argv: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A compilation cache the command-line tests share: their programs are the same."""
-    return tmp_path_factory.mktemp("jax-cache")
+def runs(tmp_path_factory):
+    """Where the command-line tests put their run directories: their programs are the same, and
+    the compilation cache beside the run directories is shared."""
+    return tmp_path_factory.mktemp("runs")
 
 
 SMALL_FLAGS = ("--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}", "--quiet",
@@ -219,16 +220,16 @@ SMALL_FLAGS = ("--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}", "--quiet
                "--updates_per_call=4", "--num_seeds=2", "--stop_at_return=none")
 
 
-def test_resume_continues_counters_and_returns(tmp_path, cache, capsys):
+def test_resume_continues_counters_and_returns(runs, capsys):
     """A run stopped at its budget and resumed goes on from its checkpoint: env and learner
     steps, episodes and the return window continue, metrics are appended; the second process
     finds the first one's programs in the compilation cache."""
-    run_dir = tmp_path / "run"
-    _run(*SMALL_FLAGS, "--total_env_steps=1024", f"--compilation_cache={cache}",
-         f"--logdir={run_dir}")
+    run_dir = runs / "resume"
+    _run(*SMALL_FLAGS, "--total_env_steps=1024", f"--logdir={run_dir}")
     first = json.loads((run_dir / "summary.json").read_text())
     assert first["env_steps"] == 1024 and first["learner_steps"] == 16
-    assert len(os.listdir(cache)) >= 2  # At least the initial state's and the step's.
+    # At least the initial state's and the step's.
+    assert len(os.listdir(runs / COMPILE_CACHE_SUBDIR)) >= 2
     _run(f"--resume={run_dir}", "--total_env_steps=2048")
     second = json.loads((run_dir / "summary.json").read_text())
     assert second["resumed_from_env_steps"] == 1024
@@ -267,21 +268,21 @@ def test_agents_solve_cartpole_on_anakin(agent, members, tmp_path):
     """run.py's defaults reach mean return 450 on gymnax's CartPole-v1, every member."""
     _run(f"--agent={agent}", "--platform=anakin", f"--env={CARTPOLE}", "--quiet",
          "--stop_at_return=450", f"--num_seeds={members}", "--total_env_steps=3000000",
-         f"--compilation_cache={tmp_path / 'cache'}", f"--logdir={tmp_path / 'run'}")
+         f"--logdir={tmp_path / 'run'}")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stopped_by"] == "return_target", summary
     assert summary["solved_fraction"] == 1.0
     assert all(m["mean_return"] >= 450 for m in summary["members"])
 
 
-def test_ctrl_c_stops_with_a_checkpoint_and_summary(tmp_path, cache):
+def test_ctrl_c_stops_with_a_checkpoint_and_summary(tmp_path, runs):
     """SIGINT during training: exit code 130, stopped_by signal, a final checkpoint."""
-    run_dir = tmp_path / "run"
+    run_dir = runs / "ctrl-c"
     script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch", "run.py")
     stderr = (tmp_path / "stderr").open("w")  # A file: a full pipe would block the process.
     process = subprocess.Popen(
         [sys.executable, script, *SMALL_FLAGS, "--total_env_steps=100000000", "--log_every_s=0.1",
-         f"--compilation_cache={cache}", f"--logdir={run_dir}"],
+         f"--logdir={run_dir}"],
         stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         deadline = time.monotonic() + 240
