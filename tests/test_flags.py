@@ -160,7 +160,8 @@ def _one_line_error(capsys, argv, expected):
     (["--agent=ppo", "--gae_lambda=1.5"], "--gae_lambda must be in [0, 1], got 1.5"),
     (["--batch_size=2.5"], "--batch_size must be an int >= 1, got '2.5'"),
     (["--learn=maybe"], "--learn must be true or false, got 'maybe'"),
-    (["--hidden_sizes=64,0"], "--hidden_sizes must be a non-empty list of ints >= 1, "
+    # IMPALA's default is its core's (none: CORE_DEFAULTS), so none is allowed too.
+    (["--hidden_sizes=64,0"], "--hidden_sizes must be a non-empty list of ints >= 1 or none, "
      "got '64,0'"),
     (["--unroll_queue=disk"], "--unroll_queue must be one of 'local', 'replay', got 'disk'"),
     (["--agent=ppo", "--num_minibatches=3"], "--num_minibatches must be a divisor of "

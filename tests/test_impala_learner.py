@@ -106,3 +106,85 @@ def test_on_policy_loss_matches_hand_computed_actor_critic():
     np.testing.assert_allclose(m["baseline_loss"], baseline, rtol=1e-5)
     np.testing.assert_allclose(m["entropy"], entropy, rtol=1e-5)
     np.testing.assert_allclose(loss, pg + 0.5 * baseline - 0.01 * entropy, rtol=1e-5)
+
+
+def test_running_moments_match_float64_numpy_over_all_batches():
+    """Merging batches of different sizes gives the mean and variance of all samples at once."""
+    from trellis.agents.common import initial_moments, update_moments
+
+    rng = np.random.default_rng(2)
+    # CartPole-like scales: a large offset and a small spread in the second coordinate.
+    batches = [rng.normal([1.0, 0.3], [2.0, 0.01], size=(n, 2)) for n in (1, 7, 160, 33)]
+    moments = initial_moments((2,))
+    for i, x in enumerate(batches):
+        moments = update_moments(moments, x.astype(np.float32))
+        seen = np.concatenate(batches[:i + 1])  # float64
+        assert float(moments["count"]) == len(seen)
+        np.testing.assert_allclose(moments["mean"], seen.mean(0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(moments["var"], seen.var(0), rtol=1e-4)
+
+
+def _cartpole_batch(T=6, B=4, seed=3):
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.normal([0.5, -0.1], [1.0, 0.05], size=(T, B, 2)).astype(np.float32),
+        "action": rng.integers(0, 2, size=(T, B)).astype(np.int32),
+        "logits": rng.normal(size=(T, B, 2)).astype(np.float32),
+        "reward": np.ones((T, B), np.float32),
+        "terminated": np.zeros((T, B), bool),
+        "truncated": np.zeros((T, B), bool),
+        "first": np.zeros((T, B), bool),
+        "state/c": np.zeros((1, B, 8), np.float32),
+        "state/h": np.zeros((1, B, 8), np.float32),
+    }
+
+
+def test_learner_keeps_the_moments_of_its_batches_in_the_published_params():
+    """Each update merges the batch's new observations (not the repeated step 0) into the
+    moments the params carry, so the actor normalizes with what the learner used."""
+    import jax
+
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.agents.impala.learner import Learner
+    from trellis.envs import EnvSpec
+
+    spec = EnvSpec((2,), "float32", 2, (), "int32")
+    config = ImpalaConfig(core="lstm", lstm_size=8, hidden_sizes=(16,), batch_size=4,
+                          unroll_length=5)
+    assert config.normalize_observations
+    networks = ImpalaBuilder(config).make_networks(spec)
+    learner = Learner(networks, config, jax.random.PRNGKey(0))
+    before = jax.device_get(learner.params["params"])
+    batches = [_cartpole_batch(seed=s) for s in (3, 4)]
+    for batch in batches:
+        learner.step(batch)
+    moments = jax.device_get(learner.params["obs_norm"]["normalizer"])
+    seen = np.concatenate([b["obs"][1:].reshape(-1, 2) for b in batches]).astype(np.float64)
+    assert float(moments["count"]) == len(seen) == 2 * 5 * 4
+    np.testing.assert_allclose(moments["mean"], seen.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(moments["var"], seen.var(0), rtol=1e-4)
+    # The network itself still trains.
+    after = jax.device_get(learner.params["params"])
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(jax.tree.leaves(after),
+                                                       jax.tree.leaves(before), strict=True))
+
+
+def test_core_defaults_fill_only_the_fields_left_unset():
+    """The feed-forward defaults are the values CartPole-v1 was tuned with (no moments in its
+    network); the LSTM ones differ; a value given explicitly always wins."""
+    import jax
+
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.envs import EnvSpec
+
+    ff, lstm = ImpalaConfig(), ImpalaConfig(core="lstm")
+    assert (ff.learning_rate, ff.hidden_sizes, ff.normalize_observations) == (5e-3, (64, 64), False)
+    assert (lstm.learning_rate, lstm.hidden_sizes, lstm.normalize_observations) == (
+        3e-3, (64,), True)
+    mine = ImpalaConfig(core="lstm", learning_rate=1e-3, normalize_observations=False)
+    assert (mine.learning_rate, mine.normalize_observations) == (1e-3, False)
+    spec = EnvSpec((2,), "float32", 2, (), "int32")
+    for config, expected in ((ff, False), (lstm, True), (mine, False),
+                             (ImpalaConfig(normalize_observations=True), True)):
+        variables = ImpalaBuilder(config).make_networks(spec).init(jax.random.PRNGKey(0))
+        assert ("obs_norm" in variables) == expected, config

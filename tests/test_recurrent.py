@@ -25,6 +25,10 @@ def lstm_impala(**overrides):
     networks = builder.make_networks(SPEC)
     # Scaled-up params, so the recurrence matters beyond float32 noise.
     params = jax.tree.map(lambda x: 3.0 * x, networks.init(jax.random.PRNGKey(0)))
+    # Observation moments far from the identity, so actor and learner must both apply them.
+    params["obs_norm"]["normalizer"] = {"count": np.float32(100.0),
+                                        "mean": np.array([0.5, -0.3], np.float32),
+                                        "var": np.array([4.0, 0.25], np.float32)}
     return builder, networks, params
 
 

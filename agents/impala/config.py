@@ -6,24 +6,43 @@ import dataclasses
 
 from trellis.builders.config import AgentConfig, setting
 
+# The defaults that depend on the core; a field left at None takes its core's value here.
+# Feed-forward: CartPole-v1 fast on a 2-core machine. LSTM: CartPoleNoVel-v1, where the core
+# infers velocities from successive positions, which it sees only when they are normalized
+# (their step-to-step change is ~0.01 raw); it also wants a slower learning rate and a
+# narrower torso (the sweep in agents/impala/README.md).
+CORE_DEFAULTS = {
+    "none": {"learning_rate": 5e-3, "hidden_sizes": (64, 64), "normalize_observations": False},
+    "lstm": {"learning_rate": 3e-3, "hidden_sizes": (64,), "normalize_observations": True},
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class ImpalaConfig(AgentConfig):
     """Hyper-parameters of IMPALA (Espeholt et al., 2018).
 
-    Defaults solve CartPole-v1 fast on a 2-core machine: short unrolls and a high learning
-    rate give many small updates per env step (tuned with the sweep in agents/impala/README).
+    Feed-forward defaults solve CartPole-v1 fast on a 2-core machine: short unrolls and a
+    high learning rate give many small updates per env step (tuned with the sweep in
+    agents/impala/README). Fields set to None take the core's value from `CORE_DEFAULTS`
+    when the config is made, so a config always holds the values it runs with.
     """
 
     # Network. The core's own settings (lstm_size) apply only with core "lstm".
     core: str = setting("none", "recurrent core after the torso: none (feed-forward) or lstm",
                         choices=("none", "lstm"))
-    lstm_size: int = setting(128, "width of the LSTM core (with --core=lstm)", ge=1)
+    lstm_size: int = setting(64, "width of the LSTM core (with --core=lstm)", ge=1)
+    hidden_sizes: tuple[int, ...] | None = setting(
+        None, "widths of the MLP torso's hidden layers, comma-separated; none: 64,64, or 64 "
+        "with --core=lstm", ge=1)
+    normalize_observations: bool | None = setting(
+        None, "normalize vector observations by their running mean and variance over the "
+        "learner's batches; none: only with --core=lstm")
 
     unroll_length: int = 5
     batch_size: int = 32
     max_queue_size: int = 8  # Bounds the policy lag.
-    learning_rate: float = 5e-3
+    learning_rate: float | None = setting(
+        None, "Adam's learning rate; none: 5e-3, or 3e-3 with --core=lstm", gt=0)
     max_grad_norm: float = 40.0
     adam_eps: float = 1e-6
 
@@ -36,3 +55,9 @@ class ImpalaConfig(AgentConfig):
         1.0, "V-trace: clip of the importance weights in the policy gradient", ge=0)
     vtrace_lambda: float = setting(
         1.0, "V-trace: lambda mixing n-step targets (1: full V-trace)", ge=0, le=1)
+
+    def __post_init__(self):
+        for name, value in CORE_DEFAULTS.get(self.core, {}).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        super().__post_init__()  # Validates the resolved values (and an unknown core).

@@ -17,6 +17,7 @@ import numpy as np
 from trellis.agents.common import (
     ImpalaResNetTorso,
     LSTMCore,
+    ObservationNormalizer,
     channels_first,
     lstm_initial_state,
     make_torso,
@@ -31,14 +32,19 @@ class PolicyValueNet(nn.Module):
 
     `__call__(obs[T, B, ...], first[T, B], state) -> (logits[T, B, A], value[T, B], state)`;
     without a core (`lstm_size` 0) `first` is unused and the state is returned as given ({}).
+    With a `normalizer` (`ObservationNormalizer`) the variables hold its running moments in
+    the collection "obs_norm" beside "params".
     """
 
     num_actions: int
     torso: nn.Module
     lstm_size: int = 0
+    normalizer: nn.Module | None = None
 
     @nn.compact
     def __call__(self, obs, first, state: State):
+        if self.normalizer is not None:
+            obs = self.normalizer(obs)
         h = self.torso(obs)  # [T, B, F]
         if self.lstm_size:
             state, h = LSTMCore(self.lstm_size)(state, h, first)
@@ -62,7 +68,7 @@ class ImpalaNetworks:
 
 
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none",
-                  lstm_size: int = 128) -> ImpalaNetworks:
+                  lstm_size: int = 128, normalize_observations: bool = False) -> ImpalaNetworks:
     """The IMPALA network for `spec`.
 
     Args:
@@ -71,6 +77,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
       core: "none" (feed-forward) or "lstm". With "lstm", pixel observations go through the
         IMPALA paper's deep residual torso, as in its recurrent agents.
       lstm_size: the LSTM's width.
+      normalize_observations: normalize vector observations by running moments that the
+        learner keeps in the variables' "obs_norm" collection (ignored for pixels).
 
     Raises:
       ValueError: the action space is not discrete.
@@ -80,7 +88,9 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
     recurrent = core == "lstm"
     torso = (ImpalaResNetTorso(channels_first=channels_first(spec))
              if recurrent and spec.pixels else make_torso(spec, hidden_sizes))
-    net = PolicyValueNet(spec.num_actions, torso, lstm_size if recurrent else 0)
+    normalizer = (ObservationNormalizer(spec.observation_shape)
+                  if normalize_observations and not spec.pixels else None)
+    net = PolicyValueNet(spec.num_actions, torso, lstm_size if recurrent else 0, normalizer)
 
     def initial_state(n: int) -> dict[str, np.ndarray]:
         return lstm_initial_state(n, lstm_size) if recurrent else {}
