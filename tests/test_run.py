@@ -69,7 +69,7 @@ def test_ppo_gaussian_policy_runs_pendulum(tmp_path):
         ("--agent=dqnx", "--agent must be one of "
          + ", ".join(repr(a) for a in sorted(REGISTERED)) + ", got 'dqnx'"),
         ("--platform=cloud", "--platform must be one of 'local_mt', 'local_mp', 'ray', "
-         "got 'cloud'"),
+         "'anakin', got 'cloud'"),
         ("--env=CartPole-v7", "unknown env 'CartPole-v7'"),
         ("--num_actors=0", "--num_actors must be >= 1, got 0"),
         ("--batch_size=-3", "--batch_size must be >= 1, got -3"),

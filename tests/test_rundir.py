@@ -25,7 +25,8 @@ def run_dir(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("run"))
     out = script("run.py", ["--platform=local_mt", "--total_env_steps=30000",
                             "--stop_at_return=none", "--eval_every=10000", "--eval_episodes=4",
-                            "--checkpoint_every_s=2", f"--logdir={path}"])
+                            "--checkpoint_every_s=2", "--log_every_s=0.1",
+                            f"--logdir={path}"])
     assert out.returncode == 0, out.stderr
     return path
 
