@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import chex
 import flax.linen as nn
 import flax.struct
 import jax
@@ -265,6 +266,45 @@ def init_training_state(
     params = init_params(init_key)
     return TrainingState(params, optimizer.init(params), state_key, jnp.zeros((), jnp.int32),
                          {name: jnp.asarray(v, jnp.float32) for name, v in (hparams or {}).items()})
+
+
+@flax.struct.dataclass
+class TargetNetworkState:
+    """The training state of a value-based learner with a target network (DQN, R2D2)."""
+
+    params: Any
+    target_params: Any
+    opt_state: optax.OptState
+    key: jax.Array
+    step: jax.Array  # SGD steps taken.
+
+
+def init_target_network_state(init_params: Callable[[jax.Array], Any],
+                              optimizer: optax.GradientTransformation,
+                              key: jax.Array) -> TargetNetworkState:
+    """Fresh online params, the target network a copy of them."""
+    init_key, state_key = jax.random.split(key)
+    params = init_params(init_key)
+    return TargetNetworkState(params, params, optimizer.init(params), state_key,
+                              jnp.zeros((), jnp.int32))
+
+
+def importance_weights(probabilities: jax.Array, table_size: jax.Array,
+                       exponent: float) -> jax.Array:
+    """(N P(i))^-exponent, divided by the batch's largest so weights only scale down
+    (Schaul et al., 2016, section 3.4): prioritized replay's correction.
+
+    Args:
+      probabilities: [B] probability with which each item was sampled.
+      table_size: [B] N, the table's size when each was sampled.
+      exponent: beta.
+
+    Returns:
+      [B] weights in (0, 1].
+    """
+    chex.assert_rank([probabilities, table_size], 1)
+    weights = (table_size * probabilities) ** -exponent
+    return weights / jnp.max(weights)
 
 
 # --- Hyper-parameters in a training state ---------------------------------------------

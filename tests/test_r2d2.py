@@ -9,12 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trellis.agents.common import make_optimizer
+from trellis.agents.common import importance_weights, init_target_network_state, make_optimizer
 from trellis.agents.r2d2 import R2D2Builder, R2D2Config
 from trellis.agents.r2d2.builder import epsilon_ladder
-from trellis.agents.r2d2.learner import init_state, make_update
+from trellis.agents.r2d2.learner import make_update
 from trellis.agents.r2d2.losses import (
-    importance_weights,
     sequence_priority,
     sequence_td_errors,
     value_rescaling,
@@ -222,7 +221,7 @@ def small_update(burn_in=SMALL["burn_in"]):
     builder = R2D2Builder(config)
     networks = builder.make_networks(CARTPOLE)
     optimizer = make_optimizer(config)
-    state = init_state(networks, optimizer, jax.random.PRNGKey(0))
+    state = init_target_network_state(networks.init, optimizer, jax.random.PRNGKey(0))
     return config, networks, state, jax.jit(make_update(networks, optimizer, config))
 
 

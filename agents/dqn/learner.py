@@ -11,41 +11,28 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
 from trellis import reverb_tables as rt
-from trellis.agents.common import Batch, ReplayLearner, make_optimizer
+from trellis.agents.common import (
+    Batch,
+    ReplayLearner,
+    TargetNetworkState,
+    importance_weights,
+    init_target_network_state,
+    make_optimizer,
+)
 from trellis.agents.dqn.config import DQNConfig
-from trellis.agents.dqn.losses import double_q_td_error, importance_weights, weighted_huber_loss
+from trellis.agents.dqn.losses import double_q_td_error, weighted_huber_loss
 from trellis.agents.dqn.networks import DQNNetworks
-
-
-@flax.struct.dataclass
-class DQNState:
-    params: Any
-    target_params: Any
-    opt_state: optax.OptState
-    key: jax.Array
-    step: jax.Array  # SGD steps taken.
-
-
-def init_state(networks: DQNNetworks, optimizer: optax.GradientTransformation,
-               key: jax.Array) -> DQNState:
-    """Fresh online params, the target network a copy of them."""
-    init_key, state_key = jax.random.split(key)
-    params = networks.init(init_key)
-    return DQNState(params, params, optimizer.init(params), state_key,
-                    jnp.zeros((), jnp.int32))
 
 
 def make_update(
     networks: DQNNetworks, optimizer: optax.GradientTransformation, config: DQNConfig
-) -> Callable[[DQNState, Batch], tuple[DQNState, dict]]:
+) -> Callable[[TargetNetworkState, Batch], tuple[TargetNetworkState, dict]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     `batch` holds U sampled minibatches, each leaf [U, S, ...]: `obs`, `action`, `reward`
@@ -65,7 +52,7 @@ def make_update(
         loss = weighted_huber_loss(td, weights, config.huber_delta)
         return loss, (td, {"q_mean": jnp.mean(q_tm1), "td_abs": jnp.mean(jnp.abs(td))})
 
-    def sgd_step(state: DQNState, minibatch):
+    def sgd_step(state: TargetNetworkState, minibatch):
         (loss, (td, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.target_params, minibatch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -76,9 +63,10 @@ def make_update(
         key, _ = jax.random.split(state.key)
         metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
         priorities = jnp.abs(td) + config.priority_epsilon
-        return DQNState(params, target_params, opt_state, key, step), (priorities, metrics)
+        state = TargetNetworkState(params, target_params, opt_state, key, step)
+        return state, (priorities, metrics)
 
-    def update(state: DQNState, batch: Batch) -> tuple[DQNState, dict]:
+    def update(state: TargetNetworkState, batch: Batch) -> tuple[TargetNetworkState, dict]:
         state, (priorities, metrics) = jax.lax.scan(sgd_step, state, dict(batch))
         metrics = jax.tree.map(jnp.mean, metrics)
         return state, dict(metrics, priorities=priorities)
@@ -104,7 +92,7 @@ class Learner(ReplayLearner):
     ):
         optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_state, networks, optimizer),
+            init=functools.partial(init_target_network_state, networks.init, optimizer),
             make_update=lambda mesh: make_update(networks, optimizer, config),
             key=key,
             config=config,

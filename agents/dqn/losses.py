@@ -41,24 +41,6 @@ def double_q_td_error(
                                   q_t_online)
 
 
-def importance_weights(probabilities: jax.Array, table_size: jax.Array,
-                       exponent: float) -> jax.Array:
-    """(N P(i))^-exponent, divided by the batch's largest so weights only scale down
-    (Schaul et al., 2016, section 3.4).
-
-    Args:
-      probabilities: [B] probability with which each item was sampled.
-      table_size: [B] N, the table's size when each was sampled.
-      exponent: beta.
-
-    Returns:
-      [B] weights in (0, 1].
-    """
-    chex.assert_rank([probabilities, table_size], 1)
-    weights = (table_size * probabilities) ** -exponent
-    return weights / jnp.max(weights)
-
-
 def weighted_huber_loss(td_errors: jax.Array, weights: jax.Array, delta: float) -> jax.Array:
     """mean_i weights_i * huber(td_errors_i), Huber quadratic within |x| <= delta.
 

@@ -12,16 +12,21 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trellis.agents.common import Batch, DataParallelLearner, make_optimizer
+from trellis.agents.common import (
+    Batch,
+    DataParallelLearner,
+    TargetNetworkState,
+    importance_weights,
+    init_target_network_state,
+    make_optimizer,
+)
 from trellis.agents.r2d2.config import R2D2Config
 from trellis.agents.r2d2.losses import (
-    importance_weights,
     sequence_priority,
     sequence_td_errors,
     weighted_sequence_loss,
@@ -33,24 +38,6 @@ from trellis.builders.base import (
     REPLAY_TABLE_SIZE,
     recorded_state,
 )
-
-
-@flax.struct.dataclass
-class R2D2State:
-    params: Any
-    target_params: Any
-    opt_state: optax.OptState
-    key: jax.Array
-    step: jax.Array  # SGD steps taken.
-
-
-def init_state(networks: R2D2Networks, optimizer: optax.GradientTransformation,
-               key: jax.Array) -> R2D2State:
-    """Fresh online params, the target network a copy of them."""
-    init_key, state_key = jax.random.split(key)
-    params = networks.init(init_key)
-    return R2D2State(params, params, optimizer.init(params), state_key,
-                     jnp.zeros((), jnp.int32))
 
 
 def unroll_q(networks: R2D2Networks, params, batch: Batch, burn_in: int) -> jax.Array:
@@ -70,7 +57,7 @@ def unroll_q(networks: R2D2Networks, params, batch: Batch, burn_in: int) -> jax.
 
 def make_update(
     networks: R2D2Networks, optimizer: optax.GradientTransformation, config: R2D2Config
-) -> Callable[[R2D2State, Batch], tuple[R2D2State, dict]]:
+) -> Callable[[TargetNetworkState, Batch], tuple[TargetNetworkState, dict]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     `batch` holds B sequences, time-major: the recorded steps [burn_in + T + 1, B, ...], the
@@ -100,7 +87,7 @@ def make_update(
         abs_td = jnp.sum(jnp.abs(td) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
         return loss, (priorities, {"q_mean": jnp.mean(q_online), "td_abs": abs_td})
 
-    def update(state: R2D2State, batch: Batch) -> tuple[R2D2State, dict]:
+    def update(state: TargetNetworkState, batch: Batch) -> tuple[TargetNetworkState, dict]:
         (loss, (priorities, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.target_params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -111,7 +98,7 @@ def make_update(
         key, _ = jax.random.split(state.key)
         metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads),
                        priorities=priorities)
-        return R2D2State(params, target_params, opt_state, key, step), metrics
+        return TargetNetworkState(params, target_params, opt_state, key, step), metrics
 
     return update
 
@@ -132,7 +119,7 @@ class Learner(DataParallelLearner):
                  table: str, devices: Sequence[jax.Device] | None = None):
         optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_state, networks, optimizer),
+            init=functools.partial(init_target_network_state, networks.init, optimizer),
             make_update=lambda mesh: make_update(networks, optimizer, config),
             key=key,
             batch_size=config.batch_size,

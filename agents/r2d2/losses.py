@@ -93,24 +93,6 @@ def sequence_priority(td: jax.Array, mask: jax.Array, eta: float) -> jax.Array:
     return eta * jnp.max(abs_td) + (1.0 - eta) * mean
 
 
-def importance_weights(probabilities: jax.Array, table_size: jax.Array,
-                       exponent: float) -> jax.Array:
-    """(N P(i))^-exponent, divided by the batch's largest so weights only scale down
-    (Schaul et al., 2016, section 3.4).
-
-    Args:
-      probabilities: [B] probability with which each sequence was sampled.
-      table_size: [B] N, the table's size when each was sampled.
-      exponent: beta.
-
-    Returns:
-      [B] weights in (0, 1].
-    """
-    chex.assert_rank([probabilities, table_size], 1)
-    weights = (table_size * probabilities) ** -exponent
-    return weights / jnp.max(weights)
-
-
 def weighted_sequence_loss(td: jax.Array, mask: jax.Array, weights: jax.Array) -> jax.Array:
     """mean_b weights_b * sum_t mask_bt td_bt^2 / (2 T).
 
