@@ -29,7 +29,8 @@ def _train_then_kill(run_dir, min_env_steps, timeout_s=90, flags=()):
     """
     proc = subprocess.Popen(
         RUN + ["--platform=local_mp", "--total_env_steps=100000000", "--stop_at_return=none",
-               "--checkpoint_every_s=1", "--eval_every=0", "--envs_per_actor=24",
+               "--checkpoint_every_s=1", "--log_every_s=0.2", "--eval_every=0",
+               "--envs_per_actor=24",
                f"--logdir={run_dir}", *flags],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
