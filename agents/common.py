@@ -45,6 +45,12 @@ class MLPTorso(nn.Module):
         return x
 
 
+def _frames(x: jax.Array, channels_first: bool) -> jax.Array:
+    """uint8 frames [..., H, W, C] or [..., C, H, W] as floats in [0, 1], [N, H, W, C]."""
+    x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32) / 255.0
+    return jnp.moveaxis(x, 1, -1) if channels_first else x
+
+
 class ConvTorso(nn.Module):
     """The small DQN-style conv torso for uint8 frames, [H, W, C] or [C, H, W]."""
 
@@ -54,9 +60,7 @@ class ConvTorso(nn.Module):
     @nn.compact
     def __call__(self, x):  # [..., H, W, C] or [..., C, H, W]
         batch_shape = x.shape[:-3]
-        x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32) / 255.0
-        if self.channels_first:
-            x = jnp.moveaxis(x, 1, -1)
+        x = _frames(x, self.channels_first)
         x = nn.relu(nn.Conv(16, (8, 8), strides=(4, 4))(x))
         x = nn.relu(nn.Conv(32, (4, 4), strides=(2, 2))(x))
         x = x.reshape((x.shape[0], -1))
@@ -90,9 +94,7 @@ class ImpalaResNetTorso(nn.Module):
     @nn.compact
     def __call__(self, x):  # [..., H, W, C] or [..., C, H, W]
         batch_shape = x.shape[:-3]
-        x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32) / 255.0
-        if self.channels_first:
-            x = jnp.moveaxis(x, 1, -1)
+        x = _frames(x, self.channels_first)
         for channels in self.channels:
             x = nn.Conv(channels, (3, 3))(x)
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
