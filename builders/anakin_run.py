@@ -30,9 +30,9 @@ import numpy as np
 from trellis.agents.common import ReplayLearner, get_hparams
 from trellis.builders.anakin import Anakin, Population
 from trellis.builders.checkpointing import Checkpointer, checkpoint_dir
-from trellis.builders.curves import plot_run
+from trellis.builders.curves import finish_run_dir
 from trellis.builders.progress import Progress
-from trellis.builders.rundir import SUMMARY, RunWriter, write_json
+from trellis.builders.rundir import RunWriter
 from trellis.builders.stop import StopRule
 
 ANAKIN = "anakin"
@@ -314,12 +314,7 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
         "members": [_member_summary(s, h, config) for s, h in zip(member_snapshots, hparams,
                                                                   strict=True)],
     }
-    write_json(os.path.join(run_dir, SUMMARY), summary)
-    try:
-        plot_run(run_dir)
-    except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.
-        pass
-    return summary
+    return finish_run_dir(run_dir, summary)
 
 
 def _rate(steps: int, seconds: float, members: int) -> float:

@@ -22,8 +22,10 @@ from trellis.builders.rundir import (
     CONFIG,
     CURVE,
     EXPERIMENT,
+    SUMMARY,
     read_json,
     read_metrics,
+    write_json,
 )
 
 # Settings that do not make runs different experiments.
@@ -52,6 +54,16 @@ def _member_returns(records: list[dict[str, Any]], x: str) -> tuple[list[float],
     if not names or not rows:
         return None
     return [r[x] for r in rows], np.array([[r[n] for n in names] for r in rows])
+
+
+def finish_run_dir(run_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Writes a finished run's summary.json and its learning curve; returns `summary`."""
+    write_json(os.path.join(run_dir, SUMMARY), summary)
+    try:
+        plot_run(run_dir)
+    except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.
+        pass
+    return summary
 
 
 def plot_run(run_dir: str, out: str | None = None) -> str:

@@ -23,7 +23,7 @@ import jax
 from trellis import launch
 from trellis.builders.anakin_run import ANAKIN, PopulationSettings, run_anakin
 from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
-from trellis.builders.curves import plot_run
+from trellis.builders.curves import finish_run_dir
 from trellis.builders.program import make_program
 from trellis.builders.progress import Progress
 from trellis.builders.rundir import (
@@ -32,7 +32,6 @@ from trellis.builders.rundir import (
     CONFIG,
     EXPERIMENT,
     RUN_RECORD,
-    SUMMARY,
     RunWriter,
     git_commit,
     read_json,
@@ -169,12 +168,7 @@ def run_experiment(
     }
     if result.stopped_by == "error":
         summary["error"] = result.reason
-    write_json(os.path.join(run_dir, SUMMARY), summary)
-    try:
-        plot_run(run_dir)
-    except FileNotFoundError:  # Stopped before the first metrics record: nothing to draw.
-        pass
-    return summary
+    return finish_run_dir(run_dir, summary)
 
 
 # Where runs side by side share JAX's persistent compilation cache: in their parent directory.
