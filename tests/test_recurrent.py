@@ -239,3 +239,18 @@ def test_core_flag_errors_are_one_line_and_exit_2(argv, expected, capsys):
     assert launch_run.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("run.py: error: ") and expected in err, err
+
+
+@pytest.mark.parametrize("settings,residual", [
+    ({}, False),  # Feed-forward: the DQN paper's conv torso, cheap on CPUs.
+    ({"pixel_torso": "resnet"}, True),  # Feed-forward on the IMPALA paper's torso (cleanba's).
+    ({"core": "lstm"}, True),
+    ({"core": "lstm", "pixel_torso": "nature"}, False),
+])
+def test_pixel_torso_follows_the_core_unless_set(settings, residual):
+    spec = EnvSpec((4, 84, 84), "uint8", 6, (), "int32")
+    config = ImpalaConfig(**settings)
+    assert config.pixel_torso == ("resnet" if residual else "nature")
+    params = jax.eval_shape(ImpalaBuilder(config).make_networks(spec).init,
+                            jax.random.PRNGKey(0))["params"]
+    assert any(k.startswith("ResidualBlock") for k in params["torso"]) == residual

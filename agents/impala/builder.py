@@ -22,7 +22,7 @@ class ImpalaBuilder(AgentBuilder):
     def make_networks(self, spec: EnvSpec) -> ImpalaNetworks:
         c = self.config
         return make_networks(spec, c.hidden_sizes, c.core, c.lstm_size,
-                             c.normalize_observations)
+                             c.normalize_observations, c.pixel_torso)
 
     def initial_state(self, spec: EnvSpec, num_slots: int) -> dict[str, np.ndarray]:
         """The LSTM core's zero state per slot; {} when feed-forward."""

@@ -10,10 +10,13 @@ from trellis.builders.config import AgentConfig, setting
 # Feed-forward: CartPole-v1 fast on a 2-core machine. LSTM: CartPoleNoVel-v1, where the core
 # infers velocities from successive positions, which it sees only when they are normalized
 # (their step-to-step change is ~0.01 raw); it also wants a slower learning rate and a
-# narrower torso (the sweep in agents/impala/README.md).
+# narrower torso (the sweep in agents/impala/README.md). Pixels: the feed-forward agent keeps
+# the DQN paper's small conv torso (fast on CPUs), the recurrent one the IMPALA paper's.
 CORE_DEFAULTS = {
-    "none": {"learning_rate": 5e-3, "hidden_sizes": (64, 64), "normalize_observations": False},
-    "lstm": {"learning_rate": 3e-3, "hidden_sizes": (64,), "normalize_observations": True},
+    "none": {"learning_rate": 5e-3, "hidden_sizes": (64, 64), "normalize_observations": False,
+             "pixel_torso": "nature"},
+    "lstm": {"learning_rate": 3e-3, "hidden_sizes": (64,), "normalize_observations": True,
+             "pixel_torso": "resnet"},
 }
 
 
@@ -34,6 +37,10 @@ class ImpalaConfig(AgentConfig):
     hidden_sizes: tuple[int, ...] | None = setting(
         None, "widths of the MLP torso's hidden layers, comma-separated; none: 64,64, or 64 "
         "with --core=lstm", ge=1)
+    pixel_torso: str | None = setting(
+        None, "torso for pixel observations: nature (3 conv layers, the DQN paper's) or resnet "
+        "(the IMPALA paper's deep residual torso); none: nature, or resnet with --core=lstm",
+        choices=("nature", "resnet"))
     normalize_observations: bool | None = setting(
         None, "normalize vector observations by their running mean and variance over the "
         "learner's batches; none: only with --core=lstm")

@@ -68,17 +68,19 @@ class ImpalaNetworks:
 
 
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none",
-                  lstm_size: int = 128, normalize_observations: bool = False) -> ImpalaNetworks:
+                  lstm_size: int = 128, normalize_observations: bool = False,
+                  pixel_torso: str = "nature") -> ImpalaNetworks:
     """The IMPALA network for `spec`.
 
     Args:
       spec: the env's spec (discrete actions).
       hidden_sizes: the MLP torso's widths (vector observations).
-      core: "none" (feed-forward) or "lstm". With "lstm", pixel observations go through the
-        IMPALA paper's deep residual torso, as in its recurrent agents.
+      core: "none" (feed-forward) or "lstm".
       lstm_size: the LSTM's width.
       normalize_observations: normalize vector observations by running moments that the
         learner keeps in the variables' "obs_norm" collection (ignored for pixels).
+      pixel_torso: "nature" (the DQN paper's conv torso) or "resnet" (the IMPALA paper's deep
+        residual torso) for pixel observations.
 
     Raises:
       ValueError: the action space is not discrete.
@@ -87,7 +89,7 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
         raise ValueError("IMPALA here handles discrete actions; use --agent=sac or ppo for Box.")
     recurrent = core == "lstm"
     torso = (ImpalaResNetTorso(channels_first=channels_first(spec))
-             if recurrent and spec.pixels else make_torso(spec, hidden_sizes))
+             if pixel_torso == "resnet" and spec.pixels else make_torso(spec, hidden_sizes))
     normalizer = (ObservationNormalizer(spec.observation_shape)
                   if normalize_observations and not spec.pixels else None)
     net = PolicyValueNet(spec.num_actions, torso, lstm_size if recurrent else 0, normalizer)
