@@ -167,9 +167,11 @@ def _shown(value: Any) -> str:
 
 
 def _parser(prog: str, description: str, groups: Sequence[tuple[str, type]],
-            add_help: bool = True) -> argparse.ArgumentParser:
+            add_help: bool = True, defaults: dict[str, Any] | None = None
+            ) -> argparse.ArgumentParser:
     """A flag per field of each (title, config class) group; each given flag parses to its
-    text (every default is SUPPRESS, so the namespace holds only the flags given)."""
+    text (every default is SUPPRESS, so the namespace holds only the flags given). Help shows
+    `defaults` where this command line has its own (tune.py's platform)."""
     parser = _Parser(prog=prog, description=description, allow_abbrev=False, add_help=add_help,
                      epilog="Flags are --name=value; booleans also --name (true) and "
                      "--name=false; none sets an optional setting to None. "
@@ -177,7 +179,8 @@ def _parser(prog: str, description: str, groups: Sequence[tuple[str, type]],
     for title, cls in groups:
         group = parser.add_argument_group(title)
         for s in settings(cls):
-            default = AUTO if s.name == "stop_at_return" else _shown(s.default)
+            default = AUTO if s.name == "stop_at_return" else _shown(
+                (defaults or {}).get(s.name, s.default))
             group.add_argument(
                 f"--{s.name}", default=argparse.SUPPRESS, metavar=_metavar(s),
                 nargs="?" if s.kind is bool and not s.sequence else None,
@@ -363,7 +366,8 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
 
     titles = ("command line", "experiment (ExperimentConfig)",
               f"agent {agent} ({agent_config.__name__})")
-    parser = _parser(prog, description, list(zip(titles, _classes(agent_config), strict=True)))
+    parser = _parser(prog, description, list(zip(titles, _classes(agent_config), strict=True)),
+                     defaults=defaults)
     given, extra = _given(parser, argv, known)
     if extra:
         raise _unknown(_flag_name(extra[0]), agent, known, "--")
