@@ -49,6 +49,8 @@ FIXED_ON_RESUME = ("agent", "env")
 _NOT_SAVED = ("config", "resume", "logdir")
 _COMMAND_LINE_ONLY = ("config", "resume")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+# A settings file's section that tune.py searches over (docs/tuning.md); run.py ignores it.
+SEARCH = "search"
 # The platform that runs act and learn as one jitted program (builders/anakin_run.py), beside
 # the runtime's platforms, for envs written in JAX.
 ANAKIN = "anakin"
@@ -253,15 +255,7 @@ def member_hparams(text: str | None, num_seeds: int, seed: int) -> dict[str, lis
     return out
 
 
-def read_file(path: str) -> dict[str, Any]:
-    """The settings in a JSON or YAML file, by name (sections of a config.json merged).
-
-    A file is either flat ({"agent": "ppo", "clip_epsilon": 0.1}) or has config.json's
-    sections (command_line, experiment, agent_config, and the ignored run record).
-
-    Raises:
-      UsageError: the file cannot be read or has neither form.
-    """
+def _load(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             data = yaml.safe_load(f) if path.endswith((".yaml", ".yml")) else json.load(f)
@@ -270,6 +264,34 @@ def read_file(path: str) -> dict[str, Any]:
                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def read_search(path: str) -> dict[str, str]:
+    """A settings file's `search` section, {name: "KIND:ARGS"} (tune.py's search space).
+
+    Raises:
+      UsageError: the file cannot be read, or the section is not such a mapping.
+    """
+    section = _load(path).get(SEARCH) or {}
+    if not isinstance(section, dict) or not all(isinstance(v, str) for v in section.values()):
+        raise UsageError(f"{path}: the {SEARCH} section must map setting names to specs "
+                         "such as 'loguniform:1e-4:1e-2'")
+    return section
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """The settings in a JSON or YAML file, by name (sections of a config.json merged).
+
+    A file is either flat ({"agent": "ppo", "clip_epsilon": 0.1}) or has config.json's
+    sections (command_line, experiment, agent_config, and the ignored run record). Either
+    may hold tune.py's `search` section, which is not a setting (`read_search`).
+
+    Raises:
+      UsageError: the file cannot be read or has neither form.
+    """
+    data = _load(path)
+    data.pop(SEARCH, None)
     sections = (COMMAND_LINE, EXPERIMENT, AGENT_CONFIG)
     if not any(k in data for k in sections + (RUN_RECORD,)):
         return data

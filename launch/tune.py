@@ -31,7 +31,13 @@ if not __package__:  # Run as a file from a clone: docs/architecture.md.
 from trellis.builders.config import Config, setting, settings  # noqa: E402
 from trellis.builders.pbt import PBTConfig, SearchSpecError, parse_search  # noqa: E402
 from trellis.builders.rundir import new_run_dir  # noqa: E402
-from trellis.launch.flags import ANAKIN, UsageError, parse, parse_groups  # noqa: E402
+from trellis.launch.flags import (  # noqa: E402
+    ANAKIN,
+    UsageError,
+    parse,
+    parse_groups,
+    read_search,
+)
 
 _PROG = "tune.py"
 
@@ -42,7 +48,8 @@ class TuneOptions(Config):
 
     search: str | None = setting(
         None, "a searched setting, NAME=loguniform:LOW:HIGH, uniform:LOW:HIGH, randint:LOW:HIGH,"
-        " choice:V1,V2,... or grid:V1,V2,...; give --search once per setting")
+        " choice:V1,V2,... or grid:V1,V2,...; give --search once per setting (or a search "
+        "section in the --config file, NAME: KIND:ARGS)")
     scheduler: str = setting("fifo", "Tune's trial scheduler", choices=("fifo", "asha", "pbt"))
     search_alg: str = setting(
         "random", "how trials draw from the search space (grid: every grid point once; optuna "
@@ -100,8 +107,10 @@ def parse_sweep(argv: Sequence[str]):
         raise UsageError(f"--platform={ANAKIN} is not a trial platform of tune.py; use "
                          "local_mt, local_mp or ray")
     known = {s.name: s for c in (run.experiment, run.agent) for s in settings(type(c))}
+    # The --config file's search section first: --search flags override it, name by name.
+    from_file = read_search(run.options.config) if run.options.config else {}
     search = {}
-    for text in specs:
+    for text in [f"{name}={spec}" for name, spec in from_file.items()] + specs:
         try:
             name, dimension = parse_search(text)
         except SearchSpecError as e:

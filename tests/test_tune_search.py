@@ -117,3 +117,33 @@ def test_the_best_trial_is_the_completed_one_with_the_best_final_metric():
     assert summary["best"]["trial_id"] == "b"
     assert summarize(trials, "loss", "min")["best"]["trial_id"] == "c"
     assert summarize(trials[1:2], "mean_return", "max")["best"] is None
+
+
+def test_the_config_files_search_section_and_flags_override_it(tmp_path):
+    pytest.importorskip("ray.tune")
+    path = tmp_path / "sweep.yaml"
+    path.write_text("agent: ppo\nclip_epsilon: 0.1\nsearch:\n  learning_rate: loguniform:1e-4:1e-2"
+                    "\n  entropy_cost: choice:0,0.01\n")
+    spec, _ = tune.parse_sweep([f"--config={path}", "--search", "entropy_cost=uniform:0:0.1",
+                                f"--logdir={tmp_path}"])
+    assert spec.agent_config.clip_epsilon == 0.1
+    assert spec.search == {"learning_rate": Dimension("loguniform", (1e-4, 1e-2)),
+                           "entropy_cost": Dimension("uniform", (0.0, 0.1))}
+    # run.py reads the same file and ignores the section.
+    from trellis.launch.flags import parse
+
+    assert parse([f"--config={path}"]).agent.clip_epsilon == 0.1
+    path.write_text("search:\n  learning_rate: [1, 2]\n")
+    with pytest.raises(UsageError, match="the search section must map setting names to specs"):
+        tune.parse_sweep([f"--config={path}"])
+    path.write_text("search:\n  clip_epsilon: uniform:0.1:0.3\n")
+    with pytest.raises(UsageError, match="clip_epsilon is not a setting of the experiment"):
+        tune.parse_sweep([f"--config={path}"])
+
+
+def test_help_shows_the_trial_platforms_default(capsys):
+    with pytest.raises(SystemExit):
+        tune.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    platform = out.split("where the nodes run:", 1)[1].split("--", 1)[0]
+    assert "(default: local_mt;" in platform
