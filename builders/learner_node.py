@@ -12,6 +12,7 @@ The node is wiring; each concern is its own piece: counting (`builders.counter`)
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from typing import Any
@@ -37,7 +38,7 @@ from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue, un
 from trellis.envs.factory import EnvFactory
 from trellis.envs.specs import EnvSpec
 from trellis.launch.node_context import StopEvent
-from trellis.reverb_tables import RateLimiterTimeout, ReplayClient, TableSpec
+from trellis.reverb_tables import RateLimiterTimeout, ReplayClient, StreamingWriter, TableSpec
 
 UnrollQueue = LocalUnrollQueue | TableUnrollQueue
 
@@ -103,39 +104,84 @@ class UnrollFeed:
         """Unrolls waiting in the queue (not counting those already in the batcher)."""
         return self._unrolls.size()
 
+    def close(self) -> None:
+        """Nothing to wait for: each `put` returns once its unroll is in the queue."""
+
 
 class ReplayFeed:
     """Unrolls into the builder's replay table (`Builder.replay_table`) on the replay node;
     batches sampled from it.
 
     Each worker's unroll [T + 1, K, ...] becomes K items, one per env slot, at priority 1
-    until the learner writes its real one back. The table's rate limiter paces both sides:
-    inference waits while sampling lags behind `samples_per_insert`, the learner while
-    inserts do.
+    until the learner writes its real one back. Items are streamed (`StreamingWriter`): many
+    per round trip, confirmed in the background, in order. The table's rate limiter paces
+    both sides: inference waits while sampling lags behind `samples_per_insert`, the learner
+    while inserts do.
+
+    An insert the rate limiter holds back longer than `insert_timeout_s` fails, and the
+    writer drops what queued behind it; the feed then sends again exactly what did not go in,
+    in the same order, counting the table's inserts to find where the stream broke. That
+    count is exact because this feed is the table's only writer and nothing is in flight once
+    the writer reports the failure.
 
     Args:
       replay: a client of the replay node.
       table: the table's name.
       batch_size: items per batch.
       stop: the program's stop event; a blocked `put` gives up once it is set.
+      max_in_flight: inserts queued or being sent at most (back-pressure beyond).
+      insert_timeout_s: how long one insert may wait at the rate limiter before the stream
+        is resent from it; it also bounds how long a stop waits for a held-back insert.
     """
 
-    def __init__(self, replay: ReplayClient, table: str, batch_size: int, stop: StopEvent):
+    def __init__(self, replay: ReplayClient, table: str, batch_size: int, stop: StopEvent,
+                 max_in_flight: int = 256, insert_timeout_s: float = 0.25):
         self._replay, self._table = replay, table
         self._batch_size = batch_size
         self._stop = stop
+        self._insert_timeout_s = insert_timeout_s
+        self._inserts_before = self._num_inserts()
+        self._sent = 0  # Items the writer took, minus those it reported dropped.
+        # Every item the writer may still drop: at most `max_in_flight` are in flight.
+        self._recent: collections.deque[dict[str, np.ndarray]] = collections.deque(
+            maxlen=max_in_flight)
+        self._writer = StreamingWriter(replay, max_in_flight)
 
     def put(self, chunk: dict[str, np.ndarray]) -> None:
-        """Inserts one item per env slot of `chunk` [T + 1, K, ...]; blocks while the rate
+        """Streams one item per env slot of `chunk` [T + 1, K, ...]; blocks while the rate
         limiter holds inserts back, until a stop."""
-        for k in range(next(iter(chunk.values())).shape[1]):
-            item = {name: v[:, k] for name, v in chunk.items()}
-            while not self._stop.is_set():
-                try:
-                    self._replay.insert(item, {self._table: 1.0}, timeout_s=0.1)
-                    break
-                except RateLimiterTimeout:
-                    continue
+        pending = collections.deque(
+            {name: v[:, k] for name, v in chunk.items()}
+            for k in range(next(iter(chunk.values())).shape[1]))
+        while pending and not self._stop.is_set():
+            try:
+                self._writer.insert(pending[0], {self._table: 1.0},
+                                    timeout_s=self._insert_timeout_s)
+            except RateLimiterTimeout:
+                # Raised before this item was queued: it goes after the dropped ones.
+                pending.extendleft(reversed(self._take_dropped()))
+                continue
+            self._recent.append(pending.popleft())
+            self._sent += 1
+
+    def _take_dropped(self) -> list[dict[str, np.ndarray]]:
+        """The items the writer dropped after a failed insert, oldest first."""
+        inserted = self._num_inserts() - self._inserts_before
+        dropped = [self._recent.pop() for _ in range(self._sent - inserted)]
+        self._sent = inserted
+        return dropped[::-1]
+
+    def _num_inserts(self) -> int:
+        return int(self._replay.info(self._table)["num_inserts"])
+
+    def close(self) -> None:
+        """Waits until the table has every item sent (those a stop cut short aside)."""
+        try:
+            self._writer.close()
+        except RateLimiterTimeout:
+            if not self._stop.is_set():
+                raise
+            # Stopping: what the rate limiter still held back is given up, as `put` does.
 
     def next_batch(self) -> dict[str, np.ndarray] | None:
         """B sampled items, time-major [T + 1, B, ...] (state fields [1, B, ...]), with their
@@ -378,6 +424,7 @@ class LearnerNode:
                 launch.request_stop(reason, info=self._stats(final))
         finally:
             self._inference.join(timeout=5.0)
+            self._feed.close()
             if self._checkpointer is not None:
                 self._checkpointer.close()
 

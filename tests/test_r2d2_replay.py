@@ -5,6 +5,7 @@ the learner writes the priorities it computed back; data-parallel updates match 
 
 import textwrap
 import threading
+import time
 
 import jax
 import numpy as np
@@ -66,7 +67,7 @@ def filled(steps=40, restart_at=16):
     builder = R2D2Builder(CONFIG)
     networks = builder.make_networks(SPEC)
     table = agent_table(builder, SPEC)
-    client = rt.make_client([table], seed=0)
+    client = rt.ReplayClient(rt.ReplayNode([table], seed=0))
     stop = threading.Event()
     feed = ReplayFeed(client, table.name, CONFIG.batch_size, stop)
     queue_spec = builder.queue_spec()
@@ -88,6 +89,7 @@ def filled(steps=40, restart_at=16):
     finally:
         stop.set()
         server.join(timeout=10)
+        feed.close()  # Inserts are streamed: wait until the table has them all.
     return builder, networks, client, table, feed
 
 
@@ -116,6 +118,59 @@ def test_sequences_mark_episode_boundaries_and_never_span_a_restart(filled):
     ladder = epsilon_ladder(WORKERS * K, CONFIG.epsilon, CONFIG.epsilon_alpha)
     np.testing.assert_allclose(data["state/epsilon"][:, 0], ladder[slot[:, 0].astype(int)])
     assert data["state/c"].shape == (2000, 1, CONFIG.lstm_size)
+
+
+class CountingInfo:
+    """A replay client that counts `info` calls: the feed makes one when it starts and one
+    each time it finds where a broken insert stream must resume."""
+
+    def __init__(self, client):
+        self.client, self.infos = client, 0
+
+    def info(self, table):
+        self.infos += 1
+        return self.client.info(table)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def wait_for(condition, deadline_s=30.0):
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_feed_streams_every_item_once_in_order_when_the_rate_limiter_holds_inserts_back():
+    # A queue of 4 items: once it is full every insert waits at the rate limiter, times out
+    # after 20 ms, and the writer drops what queued behind it; the feed must resend exactly
+    # those.
+    replay = CountingInfo(rt.ReplayClient(rt.ReplayNode([rt.TableSpec.queue("q", 4)])))
+    stop = threading.Event()
+    feed = ReplayFeed(replay, "q", 1, stop, max_in_flight=8, insert_timeout_s=0.02)
+    chunks, k = 40, 3
+    producer = threading.Thread(target=lambda: [
+        feed.put({"x": np.tile(np.arange(c * k, (c + 1) * k), (2, 1))})  # [T + 1 = 2, K]
+        for c in range(chunks)])
+    producer.start()
+    received = []
+    try:
+        for _ in range(3):  # Let the stream break and resume three times, then drain a bit.
+            resumed = replay.infos
+            wait_for(lambda: replay.infos > resumed)  # noqa: B023
+            for _ in range(10):
+                received.append(replay.sample("q", 1, timeout_s=30).data["x"][0, 0])
+        while len(received) < chunks * k:
+            received.append(replay.sample("q", 1, timeout_s=30).data["x"][0, 0])
+        producer.join(timeout=30)
+        assert not producer.is_alive()
+    finally:
+        stop.set()
+        producer.join(timeout=30)
+        feed.close()
+    np.testing.assert_array_equal(np.asarray(received), np.arange(chunks * k))
+    assert replay.info("q")["num_inserts"] == chunks * k  # Nothing was inserted twice.
 
 
 class RecordingReplay:
