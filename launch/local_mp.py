@@ -233,6 +233,9 @@ def child_main(
     """
     # Set before unpickling: the node's imports may look at it (e.g. to pick log files).
     os.environ["TRELLIS_NODE_LABEL"] = label
+    # Several nodes of one host may each put JAX on its accelerator: none may take most of the
+    # device memory up front (XLA's default, 75%), or the next one cannot start cleanly.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     _name_process(label)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher coordinates Ctrl-C
     threading.Thread(
