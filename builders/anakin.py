@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trellis.agents.common import set_hparams
+from trellis.agents.common import get_hparams, set_hparams
 from trellis.builders.counter import CounterSnapshot
+from trellis.builders.pbt import LISTS, Dimension, PopulationPBT, quantile_size
 
 # --- Episode statistics on the device ---------------------------------------------------
 
@@ -187,10 +189,163 @@ class Anakin:
         train, metrics = self.update(member.train, batch)
         return member.replace(train=train), metrics
 
-    def member_steps(self, member: MemberState, num_updates: int) -> tuple[MemberState, dict]:
-        """`num_updates` updates; the metrics are their means."""
-        member, metrics = jax.lax.scan(self.member_update, member, None, length=num_updates)
-        return member, jax.tree.map(jnp.mean, metrics)
+    def population_steps(self, population: MemberState, num_updates: int,
+                         pbt: PopulationPBT | None = None) -> tuple[MemberState, dict, dict]:
+        """`num_updates` updates of every member of `population` (its leaves [M, ...]), with
+        a PBT round (`exploit_and_explore`) after every K-th update of the members' count.
+
+        Returns:
+          (population, metrics {name: [M]} (means over the updates), the updates' `PBTEvent`s
+          stacked, leaves [num_updates, ...]; None without PBT).
+        """
+        interval = pbt.interval_updates(self.unroll_length * self.num_envs) if pbt else 0
+
+        def body(population, _):
+            population, metrics = jax.vmap(self.member_update)(population)
+            if pbt is None:
+                return population, (metrics, None)
+            # Member 0's acting key, folded with a constant: a stream of its own that is part
+            # of the state, so a resumed run draws what an uninterrupted one would.
+            key = jax.random.fold_in(population.key[0], _PBT_STREAM)
+            due = population.train.step[0] % interval == 0  # Members step in lockstep.
+            population, event = jax.lax.cond(
+                due, functools.partial(exploit_and_explore, key=key, pbt=pbt),
+                no_pbt_round, population)
+            return population, (metrics, event)
+
+        population, (metrics, events) = jax.lax.scan(body, population, None,
+                                                     length=num_updates)
+        return population, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics), events
+
+
+# --- Population-based training on the device --------------------------------------------
+
+_PBT_STREAM = 0x504254  # "PBT".
+
+
+def window_means(episodes: Episodes) -> jax.Array:
+    """Each member's mean return over its window ([M]); -inf before its first episode ends,
+    so a member without a score ranks last."""
+    window = episodes.returns.shape[-1]
+    ended = jnp.arange(window) < episodes.count[..., None]  # The slots that hold an episode.
+    total = jnp.sum(jnp.where(ended, episodes.returns, 0.0), axis=-1)
+    count = jnp.minimum(episodes.count, window)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), -jnp.inf)
+
+
+def sample(dimension: Dimension, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Draws from a search dimension (float32): loguniform and uniform ranges, or one of a
+    choice's or grid's values.
+
+    Raises:
+      ValueError: a kind PBT on the device does not resample (randint).
+    """
+    kind, values = dimension.kind, dimension.values
+    if kind in LISTS:
+        return jnp.asarray(values, jnp.float32)[jax.random.randint(key, shape, 0, len(values))]
+    if kind == "loguniform":
+        return jnp.exp(jax.random.uniform(key, shape, minval=math.log(values[0]),
+                                          maxval=math.log(values[1])))
+    if kind == "uniform":
+        return jax.random.uniform(key, shape, minval=values[0], maxval=values[1])
+    raise ValueError(f"PBT on the device resamples loguniform, uniform and list dimensions, "
+                     f"not {kind}")
+
+
+def explore(hparams: Mapping[str, jax.Array], key: jax.Array,
+            pbt: PopulationPBT) -> dict[str, jax.Array]:
+    """Tune's explore, per member ({name: [M]}): each searched hyper-parameter is drawn afresh
+    from its dimension with probability `pbt_resample_probability`, else multiplied by one of
+    the two `pbt_perturb` factors, each with probability 1/2. Others are kept."""
+    out = dict(hparams)
+    for name, name_key in zip(sorted(pbt.search), jax.random.split(key, len(pbt.search)),
+                              strict=True):
+        resample_key, factor_key, draw_key = jax.random.split(name_key, 3)
+        value = hparams[name]
+        factor = jnp.asarray(pbt.config.pbt_perturb, value.dtype)[
+            jax.random.randint(factor_key, value.shape, 0, 2)]
+        resample = jax.random.uniform(resample_key, value.shape) < (
+            pbt.config.pbt_resample_probability)
+        out[name] = jnp.where(resample, sample(pbt.search[name], draw_key, value.shape),
+                              value * factor).astype(value.dtype)
+    return out
+
+
+@flax.struct.dataclass
+class PBTEvent:
+    """One update's PBT round, [M] per member: `donor` is the member each one copied (itself
+    if it did not), `score` the mean returns it was ranked by, `before` and `after` the
+    hyper-parameters {name: [M]} before and after the round; `round` whether one ran."""
+
+    round: jax.Array
+    donor: jax.Array
+    score: jax.Array
+    before: dict[str, jax.Array]
+    after: dict[str, jax.Array]
+
+
+def exploit_and_explore(population: MemberState, key: jax.Array, pbt: PopulationPBT
+                        ) -> tuple[MemberState, PBTEvent]:
+    """A PBT round over the members (leaves [M, ...]), as Tune's PopulationBasedTraining does
+    it between trials: the members are ranked by their window's mean return; each one in the
+    bottom `pbt_quantile` copies a member of the top quantile drawn at random (its training
+    state: params, optimizer state, RNG key, step counter; and its return window), and takes
+    that member's hyper-parameters through `explore`. A gather over the member axis: nothing
+    leaves the device.
+    """
+    score = window_means(population.episodes)
+    num_members = score.shape[0]
+    size = quantile_size(num_members, pbt.config.pbt_quantile)
+    order = jnp.argsort(score)  # Worst first; ties in member order.
+    donor_key, explore_key = jax.random.split(key)
+    chosen = order[num_members - size + jax.random.randint(donor_key, (size,), 0, size)]
+    donor = jnp.arange(num_members).at[order[:size]].set(chosen)
+    copied = jax.tree.map(lambda x: x[donor], population.train)
+    before = get_hparams(population.train)
+    explored = explore(get_hparams(copied), explore_key, pbt)
+    exploits = donor != jnp.arange(num_members)
+    after = {name: jnp.where(exploits, v, before[name]) for name, v in explored.items()}
+    episodes = population.episodes.replace(  # The episodes under way stay the member's own.
+        returns=population.episodes.returns[donor], lengths=population.episodes.lengths[donor],
+        count=population.episodes.count[donor])
+    population = population.replace(train=set_hparams(copied, after), episodes=episodes)
+    return population, PBTEvent(jnp.asarray(True), donor, score, before, after)
+
+
+def exploits(events: PBTEvent, last_step: int, steps_per_update: int) -> list[dict[str, Any]]:
+    """One dict per member that exploited another in a call's events (host arrays, leaves
+    [U, ...] over its U updates, the last at learner step `last_step`): `env_steps` (per
+    member) of the round, `member`, `donor`, their `member_return` and `donor_return` (the
+    window means they were ranked by; None before a member's first episode ended), and the
+    hyper-parameters: the member's `before`, the donor's `donor_hparams` and the member's
+    `after`."""
+    out = []
+    num_updates = events.round.shape[0]
+    for u in np.flatnonzero(events.round):
+        env_steps = (last_step - num_updates + 1 + int(u)) * steps_per_update
+        donor = events.donor[u]
+        for member in np.flatnonzero(donor != np.arange(donor.shape[0])):
+            d = int(donor[member])
+            out.append({
+                "env_steps": env_steps, "member": int(member), "donor": d,
+                "member_return": _finite(events.score[u, member]),
+                "donor_return": _finite(events.score[u, d]),
+                "before": {k: float(v[u, member]) for k, v in events.before.items()},
+                "donor_hparams": {k: float(v[u, d]) for k, v in events.before.items()},
+                "after": {k: float(v[u, member]) for k, v in events.after.items()}})
+    return out
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def no_pbt_round(population: MemberState) -> tuple[MemberState, PBTEvent]:
+    """`exploit_and_explore`'s result when no round is due: everything unchanged."""
+    hparams = get_hparams(population.train)
+    members = jnp.arange(population.episodes.count.shape[0])
+    return population, PBTEvent(jnp.asarray(False), members, window_means(population.episodes),
+                                hparams, hparams)
 
 
 def play_episodes(env: Any, policy: Callable, params: Any, initial_state: Mapping[str, Any],
@@ -250,20 +405,23 @@ class Population:
       keys: [M] member keys.
       hparams: {name: [M] values} the members start with (others: the config's).
       updates_per_call: updates of every member per compiled call.
+      pbt: population-based training inside the program, or None.
     """
 
     def __init__(self, anakin: Anakin, mesh: Mesh, keys: jax.Array,
-                 hparams: Mapping[str, Sequence[float]], updates_per_call: int):
+                 hparams: Mapping[str, Sequence[float]], updates_per_call: int,
+                 pbt: PopulationPBT | None = None):
         self.anakin = anakin
         self.num_members = int(keys.shape[0])
         hparams = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
         abstract = jax.eval_shape(jax.vmap(anakin.init_member), keys, hparams)
         self._sharding = _sharding_of(mesh, abstract)
+        replicated = NamedSharding(mesh, PartitionSpec())
         step = jax.jit(
-            jax.vmap(functools.partial(anakin.member_steps, num_updates=updates_per_call)),
+            functools.partial(anakin.population_steps, num_updates=updates_per_call, pbt=pbt),
             in_shardings=(self._sharding,),
             # No donation: a checkpoint may still be writing the previous state.
-            out_shardings=(self._sharding, NamedSharding(mesh, PartitionSpec())))
+            out_shardings=(self._sharding, replicated, replicated))
         # XLA compiles without the GIL: the step compiles on a second core while the
         # initial state is compiled and computed here (seconds off a run's start).
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -273,10 +431,14 @@ class Population:
             self._step = compiled.result()
         self.env_steps_per_call = updates_per_call * anakin.unroll_length * anakin.num_envs
 
-    def step(self) -> dict[str, np.ndarray]:
-        """One compiled call; returns the members' metrics {name: [M]} (means over the call)."""
-        self.state, metrics = self._step(self.state)
-        return metrics
+    def step(self) -> tuple[dict[str, jax.Array], list[dict[str, Any]]]:
+        """One compiled call: the members' metrics {name: [M]} (means over the call), and the
+        exploits of its PBT rounds (`exploits`; none without PBT)."""
+        self.state, metrics, events = self._step(self.state)
+        steps_per_update = self.anakin.unroll_length * self.anakin.num_envs
+        return metrics, [] if events is None else exploits(
+            jax.device_get(events), int(np.asarray(jax.device_get(self.state.train.step))[0]),
+            steps_per_update)
 
     def restore(self, state: Any) -> None:
         """Replaces the population's state (e.g. a checkpoint's, restored onto `self.state`)."""

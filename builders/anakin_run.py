@@ -31,6 +31,7 @@ from trellis.agents.common import ReplayLearner, get_hparams
 from trellis.builders.anakin import Anakin, Population
 from trellis.builders.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.curves import finish_run_dir
+from trellis.builders.pbt import PopulationPBT
 from trellis.builders.progress import Progress
 from trellis.builders.rundir import RunWriter
 from trellis.builders.stop import StopRule
@@ -50,11 +51,13 @@ class PopulationSettings:
       num_seeds: M, members trained in one program.
       hparams: {name: M values}, the members' starting hyper-parameters (others: the config's).
       updates_per_call: updates of every member per compiled call.
+      pbt: population-based training inside the program (`--pbt`), or None.
     """
 
     num_seeds: int = 1
     hparams: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
     updates_per_call: int = 8
+    pbt: PopulationPBT | None = None
 
 
 def seconds_since_process_start() -> float | None:
@@ -118,9 +121,10 @@ def make_population(builder: Any, env_factory: Any, seed: int, return_window: in
     Raises:
       AnakinError: see `make_anakin`.
     """
-    anakin, mesh = make_anakin(builder, env_factory, seed, return_window, list(settings.hparams))
+    names = [*settings.hparams, *(settings.pbt.search if settings.pbt else ())]
+    anakin, mesh = make_anakin(builder, env_factory, seed, return_window, names)
     return Population(anakin, mesh, _member_keys(seed, settings.num_seeds), settings.hparams,
-                      settings.updates_per_call)
+                      settings.updates_per_call, settings.pbt)
 
 
 def restore_member(builder: Any, env_factory: Any, config: Any, num_seeds: int, run_dir: str,
@@ -245,10 +249,16 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
     steady_start = steady_steps = None
     last_log = last_checkpoint = time.monotonic()
     metrics: dict[str, Any] = {}
+    num_exploits = 0
     try:
         while stopped_by is None:
-            metrics = population.step()
+            metrics, exploits = population.step()
             member_snapshots = snapshots()  # Waits for the call: the counters are on the device.
+            if exploits:
+                num_exploits += len(exploits)
+                hparams = _member_hparams(population)
+                for event in exploits if not quiet else ():
+                    print(describe_exploit(event), flush=True)
             now = time.monotonic()
             if steady_start is None:  # After the first call, which compiled the program.
                 steady_start, steady_steps = now, member_snapshots[0].env_steps
@@ -261,8 +271,10 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
                 stopped_by, exit_code = "signal", 130
             if stopped_by is not None:
                 stop_time = now
-            if stopped_by is not None or now - last_log >= config.log_every_s:
+            if stopped_by is not None or now - last_log >= config.log_every_s or exploits:
                 stats, fields = population_stats(member_snapshots, hparams)
+                if exploits:  # Every round's exploits are in the record after it.
+                    fields["pbt_exploits"] = exploits
                 stats.update(_metrics(metrics), env_steps_per_s=_rate(
                     member_snapshots[0].env_steps - steady_steps, now - steady_start,
                     population.num_members))
@@ -311,10 +323,28 @@ def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
         "total_env_steps": config.total_env_steps,
         "num_seeds": population.num_members,
         "solved_fraction": _solved_fraction(member_snapshots, config),
+        # This session's exploits (None without --pbt); metrics.jsonl lists them.
+        "pbt_exploits": num_exploits if settings.pbt else None,
         "members": [_member_summary(s, h, config) for s, h in zip(member_snapshots, hparams,
                                                                   strict=True)],
     }
     return finish_run_dir(run_dir, summary)
+
+
+def describe_exploit(event: Mapping[str, Any]) -> str:
+    """One line for an exploit (`builders.anakin.exploits`): who copied whom, and the
+    hyper-parameters before and after."""
+    changes = ", ".join(f"{name} {event['before'][name]:.3g} -> {after:.3g} (donor's "
+                        f"{event['donor_hparams'][name]:.3g})"
+                        for name, after in event["after"].items()
+                        if after != event["before"][name])
+    return (f"pbt at {event['env_steps']:,d} env steps: member {event['member']} (return "
+            f"{_shown(event['member_return'])}) copies member {event['donor']} (return "
+            f"{_shown(event['donor_return'])}); {changes or 'hyper-parameters unchanged'}")
+
+
+def _shown(value: float | None) -> str:
+    return "none" if value is None else f"{value:.1f}"
 
 
 def _rate(steps: int, seconds: float, members: int) -> float:

@@ -2,7 +2,8 @@
 (builders/tuning.py, launch/tune.py) and PBT on the device (the anakin platform).
 
 `PBTConfig` holds the `--pbt_*` settings, which mean the same on both. `parse_search` reads
-one `--search NAME=KIND:ARGS` spec into a `Dimension`; nothing here imports Ray or JAX.
+one `--search NAME=KIND:ARGS` spec into a `Dimension`; `PopulationPBT` is what the anakin
+platform's program needs of PBT. Nothing here imports Ray or JAX.
 """
 
 from __future__ import annotations
@@ -49,6 +50,32 @@ class Dimension:
 
     kind: str
     values: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationPBT:
+    """PBT inside an anakin population's program (builders/anakin.py).
+
+    Attributes:
+      config: the `--pbt_*` settings.
+      search: {name: Dimension} of the hyper-parameters PBT perturbs: explore resamples each
+        from its dimension (loguniform: a range; choice: one of the values).
+    """
+
+    config: PBTConfig
+    search: dict[str, Dimension]
+
+    def interval_updates(self, env_steps_per_update: int) -> int:
+        """`pbt_interval` env steps as whole updates (at least one): Tune's interval is reached
+        once that many steps have passed, so it is rounded up."""
+        return max(1, math.ceil(self.config.pbt_interval / env_steps_per_update))
+
+
+def quantile_size(num_members: int, fraction: float) -> int:
+    """Members in each of the bottom and top quantiles, counted as Tune's
+    PopulationBasedTraining does: ceil(N * fraction), at most half of the N."""
+    size = math.ceil(num_members * fraction)
+    return size if size <= num_members / 2 else num_members // 2
 
 
 class SearchSpecError(ValueError):

@@ -35,6 +35,7 @@ from trellis.builders.config import (
     setting,
     settings,
 )
+from trellis.builders.pbt import Dimension, PBTConfig, PopulationPBT
 from trellis.builders.rundir import AGENT_CONFIG, COMMAND_LINE, CONFIG, EXPERIMENT, RUN_RECORD
 from trellis.envs import UnknownEnvError, make_env_factory
 from trellis.launch import PLATFORMS
@@ -89,6 +90,9 @@ class RunOptions(Config):
     updates_per_call: int = setting(
         8, "anakin: updates per compiled call; between calls the host logs, checkpoints and "
         "checks the stop rule", ge=1)
+    pbt: bool = setting(
+        False, "anakin: population-based training of the members inside the program, "
+        "perturbing the --member_hparams (the --pbt_* settings; docs/anakin.md)")
 
     def check(self) -> None:
         if self.ray_address is not None and self.platform != "ray":
@@ -98,25 +102,42 @@ class RunOptions(Config):
                 raise self.invalid("num_seeds", "1 unless --platform=anakin")
             if self.member_hparams is not None:
                 raise self.invalid("member_hparams", "none unless --platform=anakin")
+            if self.pbt:
+                raise self.invalid("pbt", f"false unless --platform={ANAKIN} (PBT of host "
+                                   "platforms' runs: launch/tune.py --scheduler=pbt)")
+        if self.pbt and self.num_seeds < 2:
+            raise self.invalid("num_seeds", "at least 2 with --pbt")
+        if self.pbt and self.member_hparams is None:
+            raise self.invalid("member_hparams", "the hyper-parameters that --pbt perturbs, "
+                               "e.g. learning_rate=1e-5:1e-1")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-    """Everything a run is built from: the three validated configs."""
+    """Everything a run is built from: the validated configs."""
 
     options: RunOptions
     experiment: ExperimentConfig
     agent: Any  # The agent's Config.
+    pbt: PBTConfig = PBTConfig()  # Used with --pbt (anakin); tune.py's PBT reads it too.
 
     def population_hparams(self) -> dict[str, list[float]]:
         """The anakin members' hyper-parameters, {name: one value per member}."""
         return member_hparams(self.options.member_hparams, self.options.num_seeds,
                               self.experiment.seed)
 
+    def population_pbt(self) -> PopulationPBT | None:
+        """With --pbt, its settings and what it resamples each --member_hparams name from."""
+        if not self.options.pbt:
+            return None
+        return PopulationPBT(self.pbt, member_search(self.options.member_hparams))
+
     def saved_options(self) -> dict[str, Any]:
         """The options config.json records: all but those that say how this invocation was
-        started (config, resume, logdir: the run directory is where the file lies)."""
-        return {k: v for k, v in dataclasses.asdict(self.options).items() if k not in _NOT_SAVED}
+        started (config, resume, logdir: the run directory is where the file lies); with
+        --pbt, the --pbt_* settings too."""
+        saved = {k: v for k, v in dataclasses.asdict(self.options).items() if k not in _NOT_SAVED}
+        return {**saved, **dataclasses.asdict(self.pbt)} if self.options.pbt else saved
 
 
 class UsageError(Exception):
@@ -131,7 +152,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _classes(agent_config: type) -> tuple[type, ...]:
-    return RunOptions, ExperimentConfig, agent_config
+    return RunOptions, ExperimentConfig, agent_config, PBTConfig
 
 
 def _settings_by_name(agent_config: type) -> dict[str, Setting]:
@@ -224,6 +245,32 @@ def _scalar(s: Setting, text: str) -> Any:
         raise UsageError(f"--{s.name} must be {_requirement(s)}, got {text!r}") from None
 
 
+def member_search(text: str | None) -> dict[str, Dimension]:
+    """`--member_hparams` as {name: Dimension}: LOW:HIGH a loguniform range, V1,V2,... a
+    choice of the values (what the members are given, and what --pbt resamples from).
+
+    Raises:
+      UsageError: the text is not of that form.
+    """
+    out: dict[str, Dimension] = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(";"))):
+        name, _, values = (x.strip() for x in item.partition("="))
+        try:
+            if ":" in values:
+                low, high = (float(x) for x in values.split(":"))
+                if not 0 < low <= high:
+                    raise ValueError
+                out[name] = Dimension("loguniform", (low, high))
+            else:
+                out[name] = Dimension("choice", tuple(float(x) for x in values.split(",")))
+        except ValueError:
+            raise UsageError(f"--member_hparams: {item!r} must be NAME=V1,V2,... or "
+                             "NAME=LOW:HIGH with 0 < LOW <= HIGH") from None
+        if not name.isidentifier():
+            raise UsageError(f"--member_hparams: {item!r} must start with a setting's name")
+    return out
+
+
 def member_hparams(text: str | None, num_seeds: int, seed: int) -> dict[str, list[float]]:
     """`--member_hparams` as {name: num_seeds values}: a list of one value per member (or one
     for all), or LOW:HIGH drawn log-uniformly per member from a generator seeded by `seed`.
@@ -233,25 +280,16 @@ def member_hparams(text: str | None, num_seeds: int, seed: int) -> dict[str, lis
     """
     rng = np.random.default_rng([seed, 0x4A4B])  # Its own stream: not the run's other draws.
     out: dict[str, list[float]] = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(";"))):
-        name, _, values = (x.strip() for x in item.partition("="))
-        try:
-            if ":" in values:
-                low, high = (float(x) for x in values.split(":"))
-                if not 0 < low <= high:
-                    raise ValueError
-                out[name] = np.exp(rng.uniform(np.log(low), np.log(high), num_seeds)).tolist()
-            else:
-                given = [float(x) for x in values.split(",")]
-                if len(given) not in (1, num_seeds):
-                    raise UsageError(f"--member_hparams: {name} has {len(given)} values; give "
-                                     f"1 or --num_seeds={num_seeds}")
-                out[name] = given * (num_seeds // len(given))
-        except ValueError:
-            raise UsageError(f"--member_hparams: {item!r} must be NAME=V1,V2,... or "
-                             "NAME=LOW:HIGH with 0 < LOW <= HIGH") from None
-        if not name.isidentifier():
-            raise UsageError(f"--member_hparams: {item!r} must start with a setting's name")
+    for name, dimension in member_search(text).items():
+        if dimension.kind == "loguniform":
+            low, high = dimension.values
+            out[name] = np.exp(rng.uniform(np.log(low), np.log(high), num_seeds)).tolist()
+            continue
+        given = list(dimension.values)
+        if len(given) not in (1, num_seeds):
+            raise UsageError(f"--member_hparams: {name} has {len(given)} values; give "
+                             f"1 or --num_seeds={num_seeds}")
+        out[name] = given * (num_seeds // len(given))
     return out
 
 
@@ -387,7 +425,8 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     known = _settings_by_name(agent_config)
 
     titles = ("command line", "experiment (ExperimentConfig)",
-              f"agent {agent} ({agent_config.__name__})")
+              f"agent {agent} ({agent_config.__name__})",
+              "population-based training (PBTConfig: tune.py --scheduler=pbt, run.py --pbt)")
     parser = _parser(prog, description, list(zip(titles, _classes(agent_config), strict=True)),
                      defaults=defaults)
     given, extra = _given(parser, argv, known)

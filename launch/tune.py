@@ -29,7 +29,7 @@ if not __package__:  # Run as a file from a clone: docs/architecture.md.
     sys.modules["trellis"].__path__ = [_root]
 
 from trellis.builders.config import Config, setting, settings  # noqa: E402
-from trellis.builders.pbt import PBTConfig, SearchSpecError, parse_search  # noqa: E402
+from trellis.builders.pbt import SearchSpecError, parse_search  # noqa: E402
 from trellis.builders.rundir import new_run_dir  # noqa: E402
 from trellis.launch.flags import (  # noqa: E402
     ANAKIN,
@@ -98,7 +98,7 @@ def parse_sweep(argv: Sequence[str]):
     from trellis.builders.tuning import SweepSpec  # Ray Tune: only once the line is read.
 
     specs, rest = split_search(argv)
-    (options, pbt), rest = parse_groups(rest, _PROG, [("tune", TuneOptions), ("pbt", PBTConfig)])
+    (options,), rest = parse_groups(rest, _PROG, [("tune", TuneOptions)])
     if any(arg == "--resume" or arg.startswith("--resume=") for arg in rest):
         raise UsageError("--resume continues one run; a sweep resumes with --restore=SWEEP_DIR")
     run = parse(rest, prog=_PROG, description=__doc__.splitlines()[0],
@@ -129,7 +129,7 @@ def parse_sweep(argv: Sequence[str]):
         sweep_dir=os.path.abspath(sweep_dir), scheduler=options.scheduler,
         search_alg=options.search_alg, num_trials=options.num_trials,
         max_concurrent=options.max_concurrent, metric=options.metric, mode=options.mode,
-        pbt=pbt, ray_address=run.options.ray_address), options.restore is not None
+        pbt=run.pbt, ray_address=run.options.ray_address), options.restore is not None
 
 
 def _exit_now(sweep_dir: str, signum: int, frame) -> None:

@@ -321,7 +321,7 @@ from trellis.envs import make_env_factory
 config = Config(batch_size=8, unroll_length=8, num_minibatches=2, hidden_sizes=(16,))
 population = make_population(Builder(config), make_env_factory("gymnax:CartPole-v1"), 0, 10,
                              PopulationSettings(num_seeds=2, updates_per_call=2))
-metrics = population.step()
+metrics, _ = population.step()
 obs = population.state.pending["obs"]
 print(json.dumps({"params": [np.asarray(x).ravel().tolist()
                              for x in jax.tree.leaves(population.state.train.params)],
