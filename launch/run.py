@@ -62,7 +62,8 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     platform_options = {"ray_address": options.ray_address} if options.platform == "ray" else {}
     if options.platform == ANAKIN:
         platform_options = {"num_seeds": options.num_seeds, "hparams": run.population_hparams(),
-                            "updates_per_call": options.updates_per_call}
+                            "updates_per_call": options.updates_per_call,
+                            "pbt": run.population_pbt()}
     cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:
         with compile_cache(cache):
