@@ -18,7 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Options every case sets (agent) or that say how an invocation starts or need another option:
 # tested on their own below.
 OPTIONS_TESTED_ELSEWHERE = {"agent", "config", "resume", "ray_address", "logdir",
-                            "num_seeds", "member_hparams"}  # Anakin only: test_anakin.
+                            "num_seeds", "member_hparams",  # Anakin only: test_anakin.
+                            "pbt"}  # Anakin only: test_pbt_anakin.
 
 
 def _other_value(s):
