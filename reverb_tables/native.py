@@ -261,8 +261,17 @@ class Table:
         """Validates and converts `data` for this table (see `DataChecker.prepare`)."""
         return self._checker.prepare(data)
 
-    def _gather(self, slots: np.ndarray) -> Any:
-        """Data of `slots`, leaves stacked on a leading axis (lock held)."""
+    def _gather(self, slots: np.ndarray, out: list[np.ndarray] | None = None, row: int = 0
+                ) -> Any:
+        """Data of `slots`, leaves stacked on a leading axis (lock held).
+
+        With `out` (a table with a signature), written into its rows from `row` on instead.
+        """
+        if out is not None:
+            for leaf, dest in zip(self._leaves, out, strict=True):
+                # "clip": slots are valid, and the default "raise" buffers `out` (a copy more).
+                np.take(leaf, slots, axis=0, out=dest[row:row + len(slots)], mode="clip")
+            return None
         if self._treedef is not None:
             return tree_lib.unflatten(self._treedef, [leaf[slots] for leaf in self._leaves])
         items = [self._objects[s] for s in slots.tolist()]
@@ -398,7 +407,8 @@ class Table:
                 break
         return slots[:n], probs[:n], times[:n], np.full(n, size, np.int64)
 
-    def sample(self, batch_size: int, timeout_s: float | None = None) -> SampleBatch:
+    def sample(self, batch_size: int, timeout_s: float | None = None,
+               out: Sequence[np.ndarray] | None = None) -> SampleBatch:
         """Samples `batch_size` items (with replacement, as independent Reverb samples).
 
         Every item counts as one sample for the rate limiter and waits for it on its own, so a
@@ -408,6 +418,9 @@ class Table:
         Args:
             batch_size: number of items (>= 1).
             timeout_s: None waits forever; otherwise RateLimiterTimeout after this many seconds.
+            out: where to write the data (e.g. shared memory): one array per signature leaf, in
+                `tree.flatten` order, of shape [batch_size, *leaf shape] and the leaf's dtype;
+                the batch's data are then these arrays. Only for a table with a signature.
 
         Returns:
             A SampleBatch with data leaves stacked on a leading axis of `batch_size`.
@@ -420,6 +433,8 @@ class Table:
                 or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         deadline = check_timeout(timeout_s)
+        if out is not None:
+            out = self._check_out(out, batch_size)
         parts: list[tuple] = []
         taken = 0
         with self._cond:
@@ -427,8 +442,9 @@ class Table:
                 try:
                     self._wait(lambda: self._admissible_samples(1) > 0, deadline, "sample")
                 except RateLimiterTimeout as e:
-                    e.partial = self._assemble(parts) if parts else None
+                    e.partial = self._assemble(parts, out) if parts else None
                     raise
+                row = taken
                 chunks = []
                 while taken < batch_size:
                     want = self._admissible_samples(batch_size - taken)
@@ -442,17 +458,30 @@ class Table:
                 )
                 # Gather before the lock is released: until then no insert can reuse the slots
                 # of items that expired in this batch, so their rows are still intact.
-                parts.append((self._gather(slots), self._keys[slots], probs,
+                parts.append((self._gather(slots, out, row), self._keys[slots], probs,
                               self._priorities[slots], times, sizes))
                 if self._objects is not None:  # now drop the objects of expired items
                     for s in slots.tolist():
                         if self._live.pos[s] < 0:
                             self._objects[s] = None
                 self._cond.notify_all()
-        return self._assemble(parts)
+        return self._assemble(parts, out)
 
-    @staticmethod
-    def _assemble(parts: list[tuple]) -> SampleBatch:
+    def _check_out(self, out: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+        if self._treedef is None:
+            raise ValueError(f"table {self.name!r} has no signature: it cannot sample into `out`")
+        want = [((batch_size, *s.shape), s.dtype) for s in self._leaf_specs]
+        got = [(a.shape, a.dtype) if isinstance(a, np.ndarray) else (type(a), None) for a in out]
+        if got != want:
+            raise ValueError(f"table {self.name!r}: `out` must be arrays of (shape, dtype) {want}, "
+                             f"got {got}")
+        return list(out)
+
+    def _assemble(self, parts: list[tuple], out: list[np.ndarray] | None) -> SampleBatch:
+        if out is not None:
+            taken = sum(len(p[1]) for p in parts)
+            parts = [(tree_lib.unflatten(self._treedef, [a[:taken] for a in out]),
+                      *(np.concatenate([p[j] for p in parts]) for j in range(1, 6)))]
         if len(parts) == 1:
             data, keys, probs, prios, times, sizes = parts[0]
         else:
@@ -708,9 +737,10 @@ class NativeClient:
             table.insert_prepared(prepared, p, key=key, deadline=deadline)
         return key
 
-    def sample(self, table: str, batch_size: int, timeout_s: float | None = None) -> SampleBatch:
+    def sample(self, table: str, batch_size: int, timeout_s: float | None = None,
+               out: Sequence[np.ndarray] | None = None) -> SampleBatch:
         """Samples `batch_size` items from `table` (see `Table.sample`)."""
-        return self.table(table).sample(batch_size, timeout_s=timeout_s)
+        return self.table(table).sample(batch_size, timeout_s=timeout_s, out=out)
 
     def update_priorities(self, table: str, updates: Mapping[int, float]) -> int:
         """Updates priorities by key; unknown keys are ignored (see `Table.update_priorities`)."""

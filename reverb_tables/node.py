@@ -2,8 +2,10 @@
 
 In `local_mt` a client of the node calls the tables in-process (no copy); in `local_mp` the
 same calls go over loopback RPC. The node's public methods are the client API; wrap the
-node's client in `ReplayClient` to get the tables' own exceptions back from remote calls, and
-write through a `StreamingWriter` to insert without waiting for each insert's round trip.
+node's client in `ReplayClient` to get the tables' own exceptions back from remote calls and
+sampled batches through shared memory when the node is on the same host
+(`shared_batches`), and write through a `StreamingWriter` to insert without waiting for each
+insert's round trip.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from trellis.reverb_tables import errors
+from trellis.reverb_tables import shared_batches as shared
 from trellis.reverb_tables import spec as spec_lib
+from trellis.reverb_tables import tree as tree_lib
 from trellis.reverb_tables.client import make_client
 
 
@@ -31,6 +35,10 @@ class ReplayNode:
     def __init__(self, tables: Sequence[spec_lib.TableSpec], backend: str = "native",
                  seed: int | None = None):
         self._client = make_client(tables, backend, seed=seed)
+        # Native tables with a signature sample straight into a client's shared segment.
+        self._signatures = {t.name: tree_lib.flatten(t.signature)[0] for t in tables
+                            if backend == "native" and t.signature is not None}
+        self._segments = shared.NodeSegments()
 
     def pid(self) -> int:
         return os.getpid()
@@ -60,12 +68,48 @@ class ReplayNode:
 
     def sample(self, table: str, batch_size: int, timeout_s: float | None = None):
         """A `SampleBatch`, or on a rate-limiter timeout a `SampleTimeout` (see ReplayClient)."""
+        return self._sample(table, batch_size, timeout_s)
+
+    def _sample(self, table: str, batch_size: int, timeout_s: float | None,
+                out: list | None = None):
         try:
-            return self._client.sample(table, batch_size, timeout_s=timeout_s)
+            if out is None:
+                return self._client.sample(table, batch_size, timeout_s=timeout_s)
+            return self._client.sample(table, batch_size, timeout_s=timeout_s, out=out)
         except errors.RateLimiterTimeout as e:
             # Items taken before the deadline count as sampled (a queue has dropped them):
             # they must reach the caller, and an RPC error carries only text.
             return SampleTimeout(str(e), table, e.partial)
+
+    def shared_memory_address(self, nbytes: int) -> str | None:
+        """Where a client on this host hands over its segments of `nbytes` (see `sample_shared`).
+
+        None where this node has no shared memory (not Linux, or closing).
+        """
+        return self._segments.address(nbytes)
+
+    def sample_shared(self, table: str, batch_size: int, nbytes: int, token: bytes,
+                      timeout_s: float | None = None
+                      ) -> shared.SharedSample | shared.Unshared | SampleTimeout:
+        """`sample`, writing the batch into the caller's segment `token` of `nbytes`.
+
+        Returns:
+          The batch's `SharedSample` header; or `Unshared` with the whole batch when it does not
+          fit that segment or the node has no such segment; or a `SampleTimeout`.
+        """
+        buffer = self._segments.lend(nbytes, token)
+        out = None
+        if buffer is not None and table in self._signatures:
+            leaves = [((batch_size, *s.shape), s.dtype) for s in self._signatures[table]]
+            offsets, size = shared.leaf_layout(leaves)
+            if size == nbytes:
+                out = shared.segment_views(buffer, offsets, leaves)
+        result = self._sample(table, batch_size, timeout_s, out)
+        if isinstance(result, SampleTimeout):
+            return result
+        if buffer is None:
+            return shared.Unshared(result, "the replay node has no such segment")
+        return shared.share(result, buffer, in_place=out is not None)
 
     def update_priorities(self, table: str, updates: Mapping[int, float]):
         return self._client.update_priorities(table, updates)
@@ -85,6 +129,7 @@ class ReplayNode:
         self._native("restore").restore(directory)
 
     def close(self) -> None:
+        self._segments.close()
         self._client.close()
 
     def _native(self, operation: str):
@@ -126,10 +171,23 @@ class ReplayClient:
     exception type (`RateLimiterTimeout`, `TableClosedError`, ...) rather than as the
     platform's generic remote error, so callers handle timeouts the same way in-process and
     across processes. A node that has died raises `ConnectionError` naming it.
+
+    When the node runs in another process on this host, sampled batches come through shared
+    memory (the first batch of each table and batch size comes over the socket, and tells the
+    size): their arrays are views of a segment that is not written again while any of them is
+    alive. Elsewhere, or where shared memory cannot be had (said once on stderr), they come
+    over the socket.
+
+    Args:
+      node: the node's client (a dereferenced handle) or a `ReplayNode`.
+      shared_memory: False: sampled batches always come over the socket.
     """
 
-    def __init__(self, node: Any):
+    def __init__(self, node: Any, shared_memory: bool = True):
         self._node = node
+        self._shared_memory = shared_memory
+        self._segments: shared.ClientSegments | None = None
+        self._segments_lock = threading.Lock()
 
     def _call(self, method: str, *args, **kwargs):
         try:
@@ -151,11 +209,44 @@ class ReplayClient:
         return self._call("insert", data, priorities, timeout_s=timeout_s)
 
     def sample(self, table: str, batch_size: int, timeout_s: float | None = None):
-        result = self._call("sample", table, batch_size, timeout_s=timeout_s)
+        segments = self._client_segments()
+        nbytes = None if segments is None else segments.expected(table, batch_size)
+        segment = None if nbytes is None else segments.take(nbytes)
+        if segment is None:
+            result = self._call("sample", table, batch_size, timeout_s=timeout_s)
+        else:
+            try:
+                result = self._call("sample_shared", table, batch_size, nbytes, segment.token,
+                                    timeout_s=timeout_s)
+            except BaseException:
+                segments.discard(segment)
+                raise
+            if isinstance(result, shared.SharedSample):
+                return segments.read(segment, result)
+            segments.give_back(segment)
+            if isinstance(result, shared.Unshared):
+                if result.reason is not None:
+                    segments.disable(result.reason)
+                result = result.batch
         if isinstance(result, SampleTimeout):
             raise errors.RateLimiterTimeout(result.message, table=result.table,
                                             operation="sample", partial=result.partial)
+        if segments is not None:
+            segments.learn(table, batch_size, result)
         return result
+
+    def _client_segments(self) -> shared.ClientSegments | None:
+        """The shared-memory segments for this node; None when it shares this process."""
+        if not self._shared_memory:
+            return None
+        with self._segments_lock:
+            if self._segments is None:
+                if self._call("pid") == os.getpid():  # In-process: batches are not copied.
+                    self._shared_memory = False
+                    return None
+                self._segments = shared.ClientSegments(
+                    lambda nbytes: self._call("shared_memory_address", nbytes))
+            return self._segments
 
     def insert_many(self, items: Sequence[tuple[Any, Mapping[str, float], float | None]]
                     ) -> None:
@@ -189,6 +280,12 @@ class ReplayClient:
 
     def restore(self, directory: str) -> None:
         self._call("restore", directory)
+
+    def close(self) -> None:
+        """Gives back this client's shared-memory segments; batches already sampled stay valid."""
+        with self._segments_lock:
+            if self._segments is not None:
+                self._segments.close()
 
 
 class StreamingWriter:

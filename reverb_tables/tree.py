@@ -8,7 +8,7 @@ Containers are dicts (any `Mapping`, keys sorted as JAX does), lists, tuples, na
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 LEAF = "leaf"
@@ -45,29 +45,31 @@ def _sorted_keys(mapping: Mapping) -> tuple:
         ) from e
 
 
+# The recursions below are module functions, not closures: a closure that calls itself is a
+# reference cycle, which would keep the leaves (e.g. views of a shared segment) alive until the
+# garbage collector runs rather than until the caller drops them.
+def _flatten_into(node: Any, path: str, out: list[tuple[str, Any]]) -> TreeDef:
+    if node is None:
+        return TreeDef("none", None, ())
+    if isinstance(node, Mapping):
+        keys = _sorted_keys(node)
+        children = tuple(_flatten_into(node[k], f"{path}[{k!r}]", out) for k in keys)
+        return TreeDef("dict", keys, children)
+    if _is_namedtuple(node):
+        children = tuple(_flatten_into(v, f"{path}.{name}", out)
+                         for name, v in zip(type(node)._fields, node, strict=True))
+        return TreeDef("namedtuple", type(node), children)
+    if isinstance(node, (list, tuple)):
+        children = tuple(_flatten_into(v, f"{path}[{i}]", out) for i, v in enumerate(node))
+        return TreeDef("list" if isinstance(node, list) else "tuple", None, children)
+    out.append((path or "<root>", node))
+    return _LEAF_DEF
+
+
 def flatten_with_paths(tree: Any) -> tuple[list[tuple[str, Any]], TreeDef]:
     """Flattens `tree` into `[(path, leaf), ...]` (in a deterministic order) and its TreeDef."""
     out: list[tuple[str, Any]] = []
-
-    def rec(node: Any, path: str) -> TreeDef:
-        if node is None:
-            return TreeDef("none", None, ())
-        if isinstance(node, Mapping):
-            keys = _sorted_keys(node)
-            children = tuple(rec(node[k], f"{path}[{k!r}]") for k in keys)
-            return TreeDef("dict", keys, children)
-        if _is_namedtuple(node):
-            children = tuple(
-                rec(v, f"{path}.{name}") for name, v in zip(type(node)._fields, node, strict=True)
-            )
-            return TreeDef("namedtuple", type(node), children)
-        if isinstance(node, (list, tuple)):
-            children = tuple(rec(v, f"{path}[{i}]") for i, v in enumerate(node))
-            return TreeDef("list" if isinstance(node, list) else "tuple", None, children)
-        out.append((path or "<root>", node))
-        return _LEAF_DEF
-
-    treedef = rec(tree, "")
+    treedef = _flatten_into(tree, "", out)
     return out, treedef
 
 
@@ -80,23 +82,23 @@ def flatten(tree: Any) -> tuple[list[Any], TreeDef]:
 def unflatten(treedef: TreeDef, leaves: list[Any]) -> Any:
     """Inverse of `flatten`: rebuilds the tree of `treedef` from `leaves` (in flatten order)."""
     it = iter(leaves)
-
-    def rec(d: TreeDef) -> Any:
-        if d.kind == LEAF:
-            return next(it)
-        if d.kind == "none":
-            return None
-        values = [rec(c) for c in d.children]
-        if d.kind == "dict":
-            return dict(zip(d.meta, values, strict=True))
-        if d.kind == "namedtuple":
-            return d.meta(*values)
-        return list(values) if d.kind == "list" else tuple(values)
-
-    result = rec(treedef)
+    result = _build(treedef, it)
     if next(it, _SENTINEL) is not _SENTINEL:
         raise ValueError(f"too many leaves for a tree with {treedef.num_leaves} leaves")
     return result
+
+
+def _build(d: TreeDef, leaves: Iterator[Any]) -> Any:
+    if d.kind == LEAF:
+        return next(leaves)
+    if d.kind == "none":
+        return None
+    values = [_build(c, leaves) for c in d.children]
+    if d.kind == "dict":
+        return dict(zip(d.meta, values, strict=True))
+    if d.kind == "namedtuple":
+        return d.meta(*values)
+    return list(values) if d.kind == "list" else tuple(values)
 
 
 _SENTINEL = object()

@@ -1,6 +1,9 @@
 """The replay node across processes: the client API over RPC, errors that keep their type,
-and a clear error (not a hang) when the node's process dies."""
+a clear error (not a hang) when the node's process dies, and sampled batches through shared
+memory (the same bits as over the socket, never overwritten while held, nothing left behind)."""
 
+import gc
+import multiprocessing
 import os
 import signal
 import time
@@ -10,6 +13,8 @@ import pytest
 
 from trellis import launch
 from trellis import reverb_tables as rt
+from trellis.launch import shm
+from trellis.reverb_tables import tree
 
 SIGNATURE = {"x": rt.ArraySpec((2,), np.float32)}
 TABLES = [rt.TableSpec.queue("q", 3, signature=SIGNATURE),
@@ -142,3 +147,201 @@ def test_a_streamed_insert_error_reaches_the_writer_and_writing_goes_on(replay):
         writer.close()
     with pytest.raises(rt.TableClosedError, match="writer is closed"):
         writer.insert(item(4), {"q": 1.0})
+
+
+# ---------------------------------------------------------------- batches through shared memory
+
+def shared_mappings(pid: int | str = "self") -> list[str]:
+    """The lines of /proc/<pid>/maps that map a shared-memory segment (an anonymous memfd)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return [line for line in f if "memfd:trellis-shm" in line]
+
+
+def in_shared_memory(array: np.ndarray) -> bool:
+    address = array.__array_interface__["data"][0]
+    for line in shared_mappings():
+        low, high = (int(x, 16) for x in line.split()[0].split("-"))
+        if low <= address < high:
+            return True
+    return False
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def dev_shm() -> set[str]:
+    """Named shared memory (the semaphores of multiprocessing, any process's, left out)."""
+    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
+
+
+def wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+MIXED = {"obs": rt.ArraySpec((3, 5), np.uint8), "x": rt.ArraySpec((2,), np.float32),
+         "more": (rt.ArraySpec((), np.int64), rt.ArraySpec((4,), bool),
+                  rt.ArraySpec((2, 2), np.float64))}
+# A native table with a signature samples straight into the segment; one without is copied in.
+SHARED_TABLES = [rt.TableSpec("sig", rt.Prioritized(0.8), rt.Fifo(), 16, rt.MinSize(1),
+                              signature=MIXED),
+                 rt.TableSpec("free", rt.Uniform(), rt.Fifo(), 16, rt.MinSize(1))]
+
+
+def mixed_item(rng):
+    def leaf(spec):
+        if spec.dtype == bool:
+            return rng.random(spec.shape) < 0.5
+        # Any bit pattern, NaN payloads included: a copy through floats would change some.
+        raw = rng.integers(0, 256, (*spec.shape, spec.dtype.itemsize), dtype=np.uint8)
+        return raw.view(spec.dtype).reshape(spec.shape)
+    return {"obs": leaf(MIXED["obs"]), "x": leaf(MIXED["x"]),
+            "more": tuple(leaf(s) for s in MIXED["more"])}
+
+
+def fields(batch) -> list[np.ndarray]:
+    """Every array of a batch but its keys (random per node)."""
+    return tree.flatten(batch.data)[0] + [batch.probabilities, batch.priorities,
+                                          batch.times_sampled, batch.table_size]
+
+
+@pytest.fixture
+def two_nodes():
+    """Two replay nodes with the same tables and seed: the same inserts sample the same items."""
+    program = launch.Program("replay-shared-memory-test")
+    handles = [program.add_node(launch.CourierNode(rt.ReplayNode, SHARED_TABLES, "native", 0),
+                                label=label) for label in ("a", "b")]
+    running = launch.launch(program, platform="local_mp", block=False)
+    try:
+        yield [handle.dereference() for handle in handles]
+    finally:
+        running.stop()
+
+
+def test_batches_through_shared_memory_equal_the_socket_paths_bit_for_bit(two_nodes):
+    shared = rt.ReplayClient(two_nodes[0])
+    socket = rt.ReplayClient(two_nodes[1], shared_memory=False)
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        data = mixed_item(rng)
+        for client in (shared, socket):
+            client.insert(data, {"sig": 1.0 + i % 5, "free": 1.0})
+    for table in ("sig", "free"):
+        for n in range(6):
+            a, b = shared.sample(table, 5), socket.sample(table, 5)
+            assert tree.flatten(a.data)[1] == tree.flatten(b.data)[1]
+            for x, y in zip(fields(a), fields(b), strict=True):
+                assert (x.shape, x.dtype, x.tobytes()) == (y.shape, y.dtype, y.tobytes())
+            # The first batch of a table and size comes over the socket: it tells the size.
+            assert [in_shared_memory(x) for x in tree.flatten(a.data)[0]] == [n > 0] * 5
+            assert not any(in_shared_memory(y) for y in tree.flatten(b.data)[0])
+    shared.close()
+
+
+def test_a_held_batch_is_never_overwritten_and_segments_are_reused(replay):
+    client, _, _ = replay
+    for i in range(10):
+        client.insert(item(i), {"p": 1.0})
+    client.sample("p", 4)  # Over the socket.
+    held = client.sample("p", 4)
+    kept = held.data["x"].copy()
+    other = client.sample("p", 4)
+    other = client.sample("p", 4)  # The first `other` is gone once this one is in hand.
+    mapped = len(shared_mappings())
+    seen = set()
+    for _ in range(30):
+        other = client.sample("p", 4)
+        assert in_shared_memory(other.data["x"])
+        assert not np.shares_memory(other.data["x"], held.data["x"])
+        seen.update(other.data["x"][:, 0].tolist())
+    assert len(seen) > 4, "the batches did not vary: an overwrite could go unseen"
+    np.testing.assert_array_equal(held.data["x"], kept)
+    assert len(shared_mappings()) == mapped  # Two segments take turns; no new ones.
+    client.close()
+
+
+def test_without_shared_memory_batches_come_over_the_socket_said_once(replay, monkeypatch,
+                                                                      capfd):
+    client, _, _ = replay
+
+    def refuse(*args, **kwargs):
+        raise OSError("test: the hub is out of reach")
+
+    monkeypatch.setattr(shm, "connect", refuse)  # As on another host.
+    for i in range(3):
+        client.insert(item(i), {"p": 1.0})
+    batches = [client.sample("p", 2) for _ in range(4)]
+    assert not any(in_shared_memory(b.data["x"]) for b in batches)
+    assert set(np.concatenate([b.data["x"][:, 0] for b in batches])) <= {0.0, 1.0, 2.0}
+    lines = [line for line in capfd.readouterr().err.splitlines() if "replay client" in line]
+    assert lines == ["replay client: no shared memory with the replay node (test: the hub is "
+                     "out of reach); sampled batches come over the socket"]
+
+
+def test_in_process_clients_use_no_segment_and_a_node_without_memfd_offers_none(monkeypatch):
+    node = rt.ReplayNode(TABLES)
+    try:
+        client = rt.ReplayClient(node)
+        client.insert(item(1), {"p": 1.0})
+        assert not any(in_shared_memory(client.sample("p", 2).data["x"]) for _ in range(3))
+        assert node.shared_memory_address(64) is not None
+        monkeypatch.setattr(shm, "available", lambda: False)
+        assert node.shared_memory_address(128) is None
+    finally:
+        node.close()
+
+
+def test_no_segment_or_fd_outlives_the_client_and_the_node_drops_them(replay):
+    client, raw, _ = replay
+    for i in range(3):
+        client.insert(item(i), {"p": 1.0})
+    node_pid = raw.pid()
+    gc.collect()  # What earlier tests left for the collector must not go during this one.
+    mappings, fds, named = set(shared_mappings()), open_fds(), dev_shm()
+    held = [client.sample("p", 2) for _ in range(4)]  # The first over the socket.
+    assert len(set(shared_mappings()) - mappings) == 3
+    assert len(shared_mappings(node_pid)) == 3
+    client.close()
+    assert len(set(shared_mappings()) - mappings) == 3  # Held batches stay readable.
+    assert held[-1].data["x"].shape == (2, 2)
+    del held
+    assert (set(shared_mappings()), open_fds()) == (mappings, fds)
+    # The node drops segments whose client closed them at its next call.
+    wait_for(lambda: raw.shared_memory_address(64) and not shared_mappings(node_pid),
+             "the node to unmap the closed segments")
+    assert dev_shm() == named
+
+
+def hold_shared_batches(node, ready) -> None:
+    """In a child process: samples 3 batches into segments, holds them, waits to be killed."""
+    client = rt.ReplayClient(node)
+    batches = [client.sample("p", 2) for _ in range(4)]
+    assert [in_shared_memory(b.data["x"]) for b in batches] == [False, True, True, True]
+    ready.set()
+    time.sleep(600)
+
+
+def test_a_killed_clients_segments_are_dropped_by_the_node(replay):
+    client, raw, _ = replay
+    for i in range(3):
+        client.insert(item(i), {"p": 1.0})
+    node_pid = raw.pid()
+    named = dev_shm()
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    child = context.Process(target=hold_shared_batches, args=(raw, ready), daemon=True)
+    child.start()
+    try:
+        assert ready.wait(60), "the child did not sample"
+        assert len(shared_mappings(node_pid)) == 3
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        wait_for(lambda: raw.shared_memory_address(64) and not shared_mappings(node_pid),
+                 "the node to drop the killed client's segments")
+        assert dev_shm() == named
+    finally:
+        child.kill()
+        child.join(10)

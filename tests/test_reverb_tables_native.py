@@ -98,3 +98,34 @@ def test_signature_storage_is_preallocated():
     key = table.insert({"obs": np.ones((4, 2), np.uint8), "r": np.float32(2)}, 1.0)
     assert [leaf.shape for leaf in table._leaves] == storage  # written into a slot, not appended
     assert table.sample(1).keys.tolist() == [key]
+
+
+def test_sampling_into_out_writes_the_same_batch_there():
+    sig = {"obs": rt.ArraySpec((4, 2), np.uint8), "r": rt.ArraySpec((), np.float32)}
+    spec = rt.TableSpec("t", rt.Prioritized(0.7), rt.Fifo(), 16, rt.MinSize(1), signature=sig)
+    tables = [rt.Table(spec, seed=3), rt.Table(spec, seed=3)]  # The same draws.
+    for i in range(10):
+        for table in tables:
+            table.insert({"obs": np.full((4, 2), i, np.uint8), "r": np.float32(i / 2)}, 1.0 + i)
+    out = [np.zeros((6, 4, 2), np.uint8), np.zeros((6,), np.float32)]  # flatten order: obs, r
+    into, plain = tables[0].sample(6, out=out), tables[1].sample(6)
+    assert np.shares_memory(into.data["obs"], out[0])
+    np.testing.assert_array_equal(out[0], plain.data["obs"])
+    np.testing.assert_array_equal(out[1], plain.data["r"])
+    np.testing.assert_array_equal(into.probabilities, plain.probabilities)
+    with pytest.raises(ValueError, match=r"`out` must be arrays of \(shape, dtype\)"):
+        tables[0].sample(5, out=out)
+
+
+def test_a_queue_timing_out_mid_batch_returns_the_rows_of_out_it_wrote():
+    sig = {"x": rt.ArraySpec((2,), np.int64)}
+    table = rt.Table(rt.TableSpec.queue("q", 8, signature=sig))
+    for i in range(3):
+        table.insert({"x": np.full(2, i)}, 1.0)
+    out = [np.full((5, 2), -1, np.int64)]
+    with pytest.raises(rt.RateLimiterTimeout) as caught:
+        table.sample(5, timeout_s=0.05, out=out)
+    np.testing.assert_array_equal(caught.value.partial.data["x"], [[0, 0], [1, 1], [2, 2]])
+    assert np.shares_memory(caught.value.partial.data["x"], out[0])
+    with pytest.raises(ValueError, match="no signature"):
+        rt.Table(rt.TableSpec.queue("free", 8)).sample(1, out=out)
