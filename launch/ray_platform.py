@@ -4,7 +4,9 @@ Ray places the nodes (by the resources their groups ask for), starts and kills t
 nodes still call each other over the program's authenticated TCP RPC (launch/rpc.py), so clients
 keep exactly the sync and `.futures` semantics of `local_mp`. Each actor first reports the IP of
 the Ray node it landed on and a free port there: that becomes the node's address, which handles
-carry. Then its `run_node` call runs the node; the launcher long-polls each actor for its
+carry. On a cluster of several Ray nodes, the nodes that ask for a GPU or a custom resource are
+placed first, before any CPU-only node asks for room (see `_placement_waves`). Then its
+`run_node` call runs the node; the launcher long-polls each actor for its
 `Status` messages, and a failed `run_node` call (the actor's process died) is the node's error.
 
 A restarted node gets a new actor pinned to the same Ray node and port, so its clients' address
@@ -39,6 +41,8 @@ _STATUS_POLL_S = 0.5  # How long an actor holds a status long-poll open.
 _NODE_ACTOR_CONCURRENCY = 4  # run_node, a status poll and stop may all be in flight at once.
 _PID_TIMEOUT_S = 2.0  # How long live actors get to tell their pids at shutdown.
 _EXIT_TIMEOUT_S = 10.0  # How long killed actor processes on this host get to exit.
+# How long nodes may wait for Ray to find them room (machines an autoscaler adds meanwhile count).
+_PLACE_TIMEOUT_S = 300.0
 
 
 class _NodeActor:
@@ -88,7 +92,7 @@ class _Actor:
     ray_node_id: str
     run_ref: Any = None  # ObjectRef of run_node
     status_ref: Any = None  # ObjectRef of the pending statuses() long-poll
-    ended: bool = False  # run_node returned or the actor died
+    ended: bool = True  # not running: run_node not called yet, returned, or the actor died
 
 
 class Backend:
@@ -134,16 +138,36 @@ class Backend:
         self._remote_class = ray.remote(max_concurrency=_NODE_ACTOR_CONCURRENCY)(_NodeActor)
         secret = os.urandom(_SECRET_BYTES)
         nodes = self._program.nodes
-        actors = {node.label: self._new_actor(node) for node in nodes}
-        places = dict(zip(actors, ray.get([a.place.remote() for a in actors.values()]),
-                          strict=True))
+        several = sum(n["Alive"] for n in ray.nodes()) > 1
+        places = {}
+        for wave in _placement_waves(nodes, ray.cluster_resources(), several):
+            places.update(self._place(wave))
         for node in nodes:
             host, port, ray_node_id = places[node.label]
             node.address = rpc.TcpAddress(host, port, secret) if node.serves_rpcs else None
-            self._actors[node.label] = _Actor(node.label, actors[node.label], ray_node_id)
+            self._actors[node.label].ray_node_id = ray_node_id
         self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
         for node in nodes:
             self._run(node, restarts=0)
+
+    def _place(self, nodes: list[program_lib.Node]) -> dict[str, tuple[str, int, str]]:
+        """Starts an actor for each of `nodes`; label -> its `place()` once all have answered.
+
+        Raises:
+          RuntimeError: some were not placed within _PLACE_TIMEOUT_S (no room in the cluster).
+        """
+        for node in nodes:  # Recorded at once, so that a failed start still kills them.
+            self._actors[node.label] = _Actor(node.label, self._new_actor(node), "")
+        refs = {self._actors[node.label].handle.place.remote(): node for node in nodes}
+        _, waiting = self._ray.wait(list(refs), num_returns=len(refs), timeout=_PLACE_TIMEOUT_S)
+        if waiting:
+            asked = "; ".join(f"{refs[ref].label} {refs[ref].resources or {'CPU': 1}}"
+                              for ref in waiting)
+            raise RuntimeError(
+                f"Ray found no room for node(s) within {_PLACE_TIMEOUT_S:g} s: {asked} (free in "
+                f"the cluster: {self._ray.available_resources()}); give the cluster those "
+                f"resources or the groups fewer")
+        return {node.label: self._ray.get(ref) for ref, node in refs.items()}
 
     def _new_actor(self, node: program_lib.Node, ray_node_id: str | None = None) -> Any:
         options = _actor_options(node.resources, self._ray.cluster_resources())
@@ -158,6 +182,7 @@ class Backend:
         actor = self._actors[node.label]
         actor.run_ref = actor.handle.run_node.remote(
             node.label, node.address, self._payloads[node.label], restarts)
+        actor.ended = False
         actor.status_ref = actor.handle.statuses.remote(_STATUS_POLL_S)
 
     def restart(self, label: str, restarts: int) -> None:
@@ -300,6 +325,27 @@ def _wait_exited(pids: list[int], timeout_s: float) -> list[int]:
         time.sleep(0.05)
         left = [pid for pid in left if not _exited(pid)]
     return left
+
+
+def _placement_waves(nodes: list[program_lib.Node], cluster: dict[str, float],
+                     several_ray_nodes: bool) -> list[list[program_lib.Node]]:
+    """The nodes in the order Ray places them, one wave after the other.
+
+    Ray places actors one by one, in no fixed order. On a cluster of several machines, a
+    CPU-only node placed first may take the last CPU of the only machine that has a group's
+    GPU or custom resource; that group's node then waits forever (the two-node test's hang in
+    issue 14: an env worker on the head, the learner pending). So the nodes asking for a GPU or
+    a custom resource form a first wave, placed before the others ask. One machine: one wave.
+    """
+    def scarce(node: program_lib.Node) -> bool:
+        options = _actor_options(node.resources, cluster)
+        return options["num_gpus"] > 0 or any(v > 0 for v in options["resources"].values())
+
+    if not several_ray_nodes:
+        return [list(nodes)]
+    first = [node for node in nodes if scarce(node)]
+    rest = [node for node in nodes if not scarce(node)]
+    return [wave for wave in (first, rest) if wave]
 
 
 def _actor_options(resources: dict[str, float], cluster: dict[str, float]) -> dict[str, Any]:
