@@ -1,0 +1,252 @@
+"""Population-based training on the device (`--platform=anakin --pbt`): the exploit copies
+the donor exactly, explore stays within the documented factors and ranges, PBT rounds compile
+nothing new, and the events reach stdout and metrics.jsonl."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gymnax", reason="gymnax is an optional extra (pip install -e '.[gymnax]')")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from trellis.agents.common import get_hparams, set_hparams  # noqa: E402
+from trellis.agents.ppo import Builder as PPOBuilder  # noqa: E402
+from trellis.agents.ppo import Config as PPOConfig  # noqa: E402
+from trellis.builders.anakin import (  # noqa: E402
+    Anakin,
+    Population,
+    exploit_and_explore,
+    explore,
+    window_means,
+)
+from trellis.builders.pbt import Dimension, PBTConfig, PopulationPBT, quantile_size  # noqa: E402
+from trellis.envs import make_env_factory  # noqa: E402
+from trellis.launch import run  # noqa: E402
+
+CARTPOLE = "gymnax:CartPole-v1"
+SMALL_PPO = PPOConfig(batch_size=8, unroll_length=8, num_minibatches=2, hidden_sizes=(16,))
+LR_RANGE = Dimension("loguniform", (1e-4, 1e-1))
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    builder = PPOBuilder(SMALL_PPO)
+    factory = make_env_factory(CARTPOLE)
+    spec = factory.spec()
+    networks = builder.make_networks(spec)
+    learner = builder.make_learner(networks, spec, jax.random.key(0))
+    anakin = Anakin(env=factory.make(), policy=builder.make_policy(networks), init=learner.init,
+                    update=learner.make_update(learner.mesh), initial_state={},
+                    num_envs=SMALL_PPO.batch_size, unroll_length=SMALL_PPO.unroll_length,
+                    return_window=4)
+    return anakin, learner
+
+
+def _pbt(**settings) -> PopulationPBT:
+    return PopulationPBT(PBTConfig(**settings), {"learning_rate": LR_RANGE})
+
+
+def _distinct_population(anakin, num_members: int):
+    """Members whose every training-state leaf and return window differ, with known ranks:
+    member m's window mean is 10 * (m + 1) except member 2's, the worst (1.0); learning rates
+    (m + 1) * 1e-3."""
+    keys = jax.random.split(jax.random.key(7), num_members)
+    lrs = jnp.arange(1, num_members + 1, dtype=jnp.float32) * 1e-3
+    population = jax.jit(jax.vmap(anakin.init_member))(keys, {"learning_rate": lrs})
+    noise = iter(jax.random.split(jax.random.key(8), 1000))
+    # Every leaf but the hyper-parameters gets member-specific values (adam's moments start
+    # at zero, which a wrong gather would copy too).
+    hparams = get_hparams(population.train)
+    train = jax.tree.map(
+        lambda x: x + jax.random.normal(next(noise), x.shape).astype(x.dtype)
+        if jnp.issubdtype(x.dtype, jnp.floating) else x, population.train)
+    train = set_hparams(train, hparams).replace(
+        step=jnp.arange(num_members, dtype=jnp.int32) + 5)
+    scores = np.array([10.0 * (m + 1) for m in range(num_members)], np.float32)
+    scores[2] = 1.0
+    window = population.episodes.returns.shape[1]
+    episodes = population.episodes.replace(
+        returns=jnp.asarray(np.repeat(scores[:, None], window, 1)),
+        lengths=jnp.asarray(np.arange(num_members * window).reshape(num_members, window)),
+        count=jnp.full(num_members, window + 3, jnp.int32))
+    return population.replace(train=train, episodes=episodes)
+
+
+def _member(tree, m):
+    """Member m's leaves, as host arrays (keys as their data)."""
+    return jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if jnp.issubdtype(
+        x.dtype, jax.dtypes.prng_key) else x)[m], tree)
+
+
+def _leaves_equal(a, b) -> bool:
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def _without_hparams(train):
+    return set_hparams(train, {name: jnp.zeros_like(v) for name, v in get_hparams(train).items()})
+
+
+@pytest.fixture(scope="module")
+def population4(ppo):
+    return _distinct_population(ppo[0], 4)
+
+
+def test_exploit_copies_the_donors_state_exactly(population4):
+    """4 members, quantile 0.25: the worst (member 2) copies the best (member 3): params,
+    optimizer state, RNG key, step counter and return window equal the donor's; its learning
+    rate is the donor's times 0.8 or 1.2; its envs and the other members are unchanged."""
+    population = population4
+    pbt = _pbt(pbt_quantile=0.25, pbt_resample_probability=0.0)
+    new, event = jax.jit(functools.partial(exploit_and_explore, pbt=pbt))(
+        population, jax.random.key(1))
+    np.testing.assert_array_equal(event.donor, [0, 1, 3, 3])
+    np.testing.assert_allclose(event.score, [10.0, 20.0, 1.0, 40.0])
+    assert bool(event.round)
+    donor_train = _member(_without_hparams(population.train), 3)
+    got_train = _member(_without_hparams(new.train), 2)
+    for name in ("params", "opt_state", "key", "step"):
+        assert _leaves_equal(getattr(got_train, name), getattr(donor_train, name)), name
+    assert int(new.train.step[2]) == int(population.train.step[3]) == 8
+    for name in ("returns", "lengths", "count"):
+        np.testing.assert_array_equal(getattr(new.episodes, name)[2],
+                                      getattr(population.episodes, name)[3])
+    assert _leaves_equal(_member(new.env, 2), _member(population.env, 2))  # Its own envs.
+    for m in (0, 1, 3):
+        assert _leaves_equal(_member(new.train, m), _member(population.train, m))
+        assert _leaves_equal(_member(new.episodes, m), _member(population.episodes, m))
+    lr = np.asarray(get_hparams(new.train)["learning_rate"])
+    ratio = lr[2] / 4e-3
+    assert math.isclose(ratio, 0.8, rel_tol=1e-6) or math.isclose(ratio, 1.2, rel_tol=1e-6)
+    np.testing.assert_allclose(lr[[0, 1, 3]], [1e-3, 2e-3, 4e-3], rtol=1e-6)
+    np.testing.assert_allclose(event.before["learning_rate"], [1e-3, 2e-3, 3e-3, 4e-3],
+                               rtol=1e-6)
+    np.testing.assert_array_equal(event.after["learning_rate"], lr)
+
+
+def test_explore_multiplies_by_the_factors_or_resamples_in_the_range():
+    n = 4000
+    values = {"learning_rate": jnp.full(n, 1e-2, jnp.float32),
+              "entropy_cost": jnp.full(n, 0.01, jnp.float32)}
+    factors = np.asarray(explore(values, jax.random.key(0), _pbt(
+        pbt_resample_probability=0.0))["learning_rate"], np.float64) / 1e-2
+    assert set(np.round(factors, 5).tolist()) == {0.8, 1.2}
+    assert 0.45 < np.mean(np.isclose(factors, 0.8)) < 0.55  # Each with probability 1/2.
+    drawn = np.asarray(explore(values, jax.random.key(1), _pbt(
+        pbt_resample_probability=1.0))["learning_rate"], np.float64)
+    assert drawn.min() >= 1e-4 * (1 - 1e-6) and drawn.max() <= 1e-1 * (1 + 1e-6)
+    # Log-uniform: a quarter of the log-range per quarter (binomial, 5 sigma).
+    quarters = np.histogram(np.log10(drawn), bins=4, range=(-4, -1))[0] / n
+    np.testing.assert_allclose(quarters, 0.25, atol=5 * math.sqrt(0.25 * 0.75 / n))
+    mixed = np.asarray(explore(values, jax.random.key(2), _pbt())["learning_rate"]) / 1e-2
+    multiplied = np.isclose(mixed, 0.8) | np.isclose(mixed, 1.2)
+    assert abs(1 - np.mean(multiplied) - 0.25) < 5 * math.sqrt(0.25 * 0.75 / n)
+    out = explore(values, jax.random.key(3), _pbt())
+    np.testing.assert_array_equal(out["entropy_cost"], values["entropy_cost"])  # Not searched.
+    choice = PopulationPBT(PBTConfig(pbt_resample_probability=1.0),
+                           {"learning_rate": Dimension("choice", (1e-3, 5e-3))})
+    assert set(np.round(np.asarray(explore(values, jax.random.key(4), choice)[
+        "learning_rate"], np.float64), 6).tolist()) == {1e-3, 5e-3}
+
+
+@pytest.mark.parametrize("members, fraction, size", [
+    (4, 0.25, 1), (64, 0.25, 16), (5, 0.25, 2), (3, 0.5, 1), (2, 0.5, 1), (10, 0.34, 4)])
+def test_quantiles_are_counted_as_tune_counts_them(members, fraction, size):
+    assert quantile_size(members, fraction) == size
+
+
+def test_window_means_rank_members_without_episodes_last(population4):
+    episodes = population4.episodes.replace(count=jnp.asarray([0, 2, 9, 4], jnp.int32))
+    np.testing.assert_array_equal(window_means(episodes), [-np.inf, 20.0, 1.0, 40.0])
+
+
+def test_pbt_rounds_compile_nothing_new(ppo):
+    """A population with a PBT round after every other update: calls with exploits and new
+    learning rates run without a compilation, and the update was traced once."""
+    anakin, learner = ppo
+    traces = []
+    update = anakin.update
+
+    def counted(state, batch):
+        traces.append(1)
+        return update(state, batch)
+
+    counting = dataclasses.replace(anakin, update=counted)
+    keys = jax.random.split(jax.random.key(3), 4)
+    pbt = PopulationPBT(PBTConfig(pbt_interval=2 * 64, pbt_quantile=0.25),
+                        {"learning_rate": LR_RANGE})
+    population = Population(counting, learner.mesh, keys,
+                            {"learning_rate": [1e-4, 1e-3, 1e-2, 3e-2]}, updates_per_call=4,
+                            pbt=pbt)
+    population.step()
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        exploits, lrs = [], set()
+        for _ in range(3):
+            _, found = population.step()
+            exploits += found
+            lrs.update(np.round(np.asarray(get_hparams(population.state.train)[
+                "learning_rate"]), 8).tolist())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    # A round every 2 updates (128 env steps / 64 per update), one exploit in each.
+    assert [e["env_steps"] for e in exploits] == [384, 512, 640, 768, 896, 1024]
+    assert len(lrs) > 4  # Explore gave new learning rates...
+    assert compiles == [] and len(traces) == 1  # ... without compiling anything.
+
+
+def test_run_py_logs_exploits_to_stdout_and_metrics(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = run.main(["--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}", "--batch_size=8",
+                     "--unroll_length=8", "--num_minibatches=2", "--hidden_sizes=16",
+                     "--updates_per_call=4", "--num_seeds=4", "--stop_at_return=none",
+                     "--total_env_steps=2048", "--pbt", "--pbt_interval=500",
+                     "--member_hparams=learning_rate=1e-4:1e-1", "--no_compile_cache",
+                     f"--logdir={run_dir}"])
+    assert code == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pbt at")]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    exploits = [e for r in records for e in r.get("pbt_exploits", [])]
+    # 500 env steps: every 8th update (64 env steps each), one of 4 members each time.
+    assert [e["env_steps"] for e in exploits] == [512, 1024, 1536, 2048]
+    assert len(lines) == 4 and f"member {exploits[0]['member']} (return" in lines[0]
+    for e in exploits:
+        assert e["donor"] != e["member"] and e["donor_return"] >= e["member_return"]
+        assert set(e["before"]) == set(e["after"]) == {"learning_rate", "entropy_cost"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["pbt_exploits"] == 4
+    final = [m["hparams"]["learning_rate"] for m in summary["members"]]
+    assert exploits[-1]["after"]["learning_rate"] == pytest.approx(final[exploits[-1]["member"]])
+    config = json.loads((run_dir / "config.json").read_text())["command_line"]
+    assert config["pbt"] is True and config["pbt_interval"] == 500
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pbt"], "--pbt must be false unless --platform=anakin"),
+    (["--platform=anakin", f"--env={CARTPOLE}", "--pbt",
+      "--member_hparams=learning_rate=1e-4:1e-1"],
+     "num_seeds must be at least 2 with --pbt, got 1"),
+    (["--platform=anakin", f"--env={CARTPOLE}", "--pbt", "--num_seeds=4"],
+     "member_hparams must be the hyper-parameters that --pbt perturbs"),
+    (["--platform=anakin", f"--env={CARTPOLE}", "--pbt", "--num_seeds=4",
+      "--member_hparams=learning_rate=1e-4:1e-1", "--pbt_quantile=0.6"],
+     "--pbt_quantile must be in (0, 0.5], got 0.6"),
+])
+def test_bad_pbt_command_lines_are_one_line_and_exit_2(argv, message, capsys, tmp_path):
+    assert run.main(["--agent=ppo", f"--logdir={tmp_path}", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
