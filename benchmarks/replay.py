@@ -1,7 +1,8 @@
 """Replay-table throughput: both backends side by side, in-process and from a second process.
 
 Usage (both backends need the dm-reverb environment, `make test-reverb` builds it):
-    .venv-reverb/bin/python benchmarks/replay.py [--seconds 2] [--batch_size 32]
+    .venv-reverb/bin/python benchmarks/replay.py [--seconds 2] [--batch_size 32] \
+        [--backends native,reverb] [--modes in-process,remote,socket,streamed]
 With only the native backend installed it measures that one.
 
 Items: CartPole-size (length-20 trajectories of float32[4] observations plus int32 actions
@@ -9,8 +10,11 @@ and float32 rewards) and Atari-size (length-20 trajectories of uint8[84, 84, 4])
 prioritized table (exponent 0.6, MinSize(1), FIFO remover) and a queue (Queue, FIFO,
 max_times_sampled=1). "in-process": the client holds the tables; "2nd process": the tables
 live in a replay node on local_mp and the benchmark calls it over the program's RPC, one
-insert per call; "2nd, streamed": the same node written through a `StreamingWriter` (many
-inserts per call, confirmed in the background; the timed span ends once all are confirmed).
+insert per call, and samples through shared memory (a `ReplayClient`'s default on one host:
+the batch's arrays are views of a segment the node wrote, not read by the timed loop); "2nd,
+socket": the same with sampled batches copied through the socket instead; "2nd, streamed":
+inserts through a `StreamingWriter` (many inserts per call, confirmed in the background; the
+timed span ends once all are confirmed), samples through shared memory.
 
 Steady state: each table is filled to capacity before timing (untimed), so timed inserts
 into the prioritized table evict, and the queue is timed over full fill / drain cycles.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from common import rounded
@@ -110,12 +115,12 @@ def run_in_process(backend, item, args):
         client.close()
 
 
-def run_remote(backend, item, args, streamed: bool = False):
+def run_remote(backend, item, args, streamed: bool = False, shared_memory: bool = True):
     program = launch.Program("replay-benchmark")
     node = program.add_node(launch.CourierNode(ReplayNode, tables(item, args.max_size[item]),
                                                backend, 0), label="replay")
     with launch.launch(program, platform="local_mp", block=False):
-        client = ReplayClient(node.dereference())
+        client = ReplayClient(node.dereference(), shared_memory=shared_memory)
         writer = StreamingWriter(client) if streamed else None
         try:
             return measure(client, item, args.seconds, args.batch_size, args.max_size[item],
@@ -123,10 +128,16 @@ def run_remote(backend, item, args, streamed: bool = False):
         finally:
             if writer is not None:
                 writer.close()
+            client.close()
 
 
-def run_remote_streamed(backend, item, args):
-    return run_remote(backend, item, args, streamed=True)
+# --modes name -> (the name in the table, how it runs)
+MODES = {
+    "in-process": ("in-process", run_in_process),
+    "remote": ("2nd process", run_remote),
+    "socket": ("2nd, socket", lambda b, i, a: run_remote(b, i, a, shared_memory=False)),
+    "streamed": ("2nd, streamed", lambda b, i, a: run_remote(b, i, a, streamed=True)),
+}
 
 
 def main() -> None:
@@ -138,17 +149,20 @@ def main() -> None:
                    help="table capacity (the native backend preallocates it: Atari items are "
                         "564 KB each)")
     p.add_argument("--backends", default=None, help="comma list; default: all installed")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {list(MODES)}")
     args = p.parse_args()
+    modes = args.modes.split(",")
+    if unknown := [m for m in modes if m not in MODES]:
+        print(f"replay.py: unknown --modes {unknown}; choose from {list(MODES)}",
+              file=sys.stderr)
+        sys.exit(2)
     args.max_size = {"cartpole": args.cartpole_max_size, "atari": args.atari_max_size}
     backends = (args.backends.split(",") if args.backends else
                 ["native"] + (["reverb"] if reverb_available() else []))
     results: dict = {"batch_size": args.batch_size, "seconds": args.seconds,
                      "max_size": args.max_size}
     rows = []
-    cases = [(backend, mode, fn) for mode, fn in (("in-process", run_in_process),
-                                                  ("2nd process", run_remote),
-                                                  ("2nd, streamed", run_remote_streamed))
-             for backend in backends]
+    cases = [(backend, *MODES[mode]) for mode in modes for backend in backends]
     if "reverb" in backends:
         from reverb_raw import run_reverb_raw  # dm-reverb and TensorFlow: only where installed.
 

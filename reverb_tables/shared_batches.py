@@ -198,9 +198,12 @@ class ClientSegments:
 
     def __init__(self, address: Callable[[int], str | None]):
         self._address = address
-        self._free: collections.deque[_Segment] = collections.deque()  # Finalizers append.
-        self._sizes: dict[tuple[str, int], int | None] = {}
         self._lock = threading.Lock()
+        self._free: dict[int, list[_Segment]] = {}  # nbytes -> free segments (lock held)
+        # Segments whose batch is gone. Their finalizers only append here, without the lock:
+        # a finalizer may run inside any code of any thread, this client's locked code too.
+        self._returned: collections.deque[_Segment] = collections.deque()
+        self._sizes: dict[tuple[str, int], int | None] = {}
         self._closed = False
         self.fallback: str | None = None  # Why batches come over the socket, once they do.
 
@@ -215,17 +218,18 @@ class ClientSegments:
 
     def take(self, nbytes: int) -> _Segment | None:
         """A free segment of `nbytes`, or a new one; None once shared memory cannot be had."""
-        if self.fallback is not None or self._closed:
+        if self._done:
             return None
-        for _ in range(len(self._free)):
-            try:
-                segment = self._free.pop()
-            except IndexError:
-                break
-            if segment.nbytes == nbytes:
-                return segment
-            self._free.appendleft(segment)
+        with self._lock:
+            while self._returned:
+                self._keep(self._returned.popleft())
+            if self._free.get(nbytes):
+                return self._free[nbytes].pop()
         return self._create(nbytes)
+
+    @property
+    def _done(self) -> bool:
+        return self._closed or self.fallback is not None
 
     def _create(self, nbytes: int) -> _Segment | None:
         try:
@@ -239,23 +243,18 @@ class ClientSegments:
             return None
         return _Segment(channel, token, nbytes)
 
-    def disable(self, reason: str) -> None:
-        """From now on batches come over the socket; says so once, in one line."""
-        with self._lock:
-            if self.fallback is not None:
-                return
-            self.fallback = reason
-        print(f"replay client: no shared memory with the replay node ({reason}); sampled "
-              f"batches come over the socket", file=sys.stderr, flush=True)
-        self._close_free()
-
-    def give_back(self, segment: _Segment) -> None:
-        """Returns a segment the node did not write (or wrote a batch now gone) to the free list."""
-        if self._closed or self.fallback is not None or (
-                sum(s.nbytes == segment.nbytes for s in list(self._free)) >= _MAX_FREE):
+    def _keep(self, segment: _Segment) -> None:
+        """Puts a segment on the free list, or closes it (lock held)."""
+        free = self._free.setdefault(segment.nbytes, [])
+        if self._done or len(free) >= _MAX_FREE:
             segment.channel.close()
         else:
-            self._free.append(segment)
+            free.append(segment)
+
+    def give_back(self, segment: _Segment) -> None:
+        """Returns a segment that the node did not write into."""
+        with self._lock:
+            self._keep(segment)
 
     def discard(self, segment: _Segment) -> None:
         """Closes a segment whose call failed: the node might still be writing into it."""
@@ -266,22 +265,45 @@ class ClientSegments:
         # The one base array of this batch's views (numpy collapses views onto it, as its own
         # base is not an array): when it is collected, no array of the batch is left.
         base = np.frombuffer(memoryview(segment.channel.arrays[_FIELD]), np.uint8)
-        finalizer = weakref.finalize(base, self.give_back, segment)
-        finalizer.atexit = False
+        weakref.finalize(base, self._release, segment).atexit = False
         leaves = segment_views(base, [o for o, _, _ in header.leaves],
                                [(shape, dtype) for _, shape, dtype in header.leaves])
         return SampleBatch(data=tree_lib.unflatten(header.treedef, leaves), keys=header.keys,
                            probabilities=header.probabilities, priorities=header.priorities,
                            times_sampled=header.times_sampled, table_size=header.table_size)
 
-    def _close_free(self) -> None:
+    def _release(self, segment: _Segment) -> None:
+        """A batch's finalizer: its segment may be lent again (or closed, once done)."""
+        self._returned.append(segment)
+        if self._done:
+            self._close_returned()
+
+    def _close_returned(self) -> None:
         while True:
             try:
-                self._free.pop().channel.close()
+                self._returned.popleft().channel.close()
             except IndexError:
                 return
+
+    def disable(self, reason: str) -> None:
+        """From now on batches come over the socket; says so once, in one line."""
+        with self._lock:
+            if self.fallback is not None:
+                return
+            self.fallback = reason
+        print(f"replay client: no shared memory with the replay node ({reason}); sampled "
+              f"batches come over the socket", file=sys.stderr, flush=True)
+        self._close_free()
 
     def close(self) -> None:
         """Closes the free segments; those held by batches close when the batches are gone."""
         self._closed = True
         self._close_free()
+
+    def _close_free(self) -> None:
+        self._close_returned()
+        with self._lock:
+            for free in self._free.values():
+                for segment in free:
+                    segment.channel.close()
+            self._free.clear()
