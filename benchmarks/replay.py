@@ -2,7 +2,7 @@
 
 Usage (both backends need the dm-reverb environment, `make test-reverb` builds it):
     .venv-reverb/bin/python benchmarks/replay.py [--seconds 2] [--batch_size 32] \
-        [--backends native,reverb] [--modes in-process,remote,socket,streamed]
+        [--backends native,reverb] [--modes in-process,remote,socket,streamed,reverb-raw]
 With only the native backend installed it measures that one.
 
 Items: CartPole-size (length-20 trajectories of float32[4] observations plus int32 actions
@@ -149,11 +149,15 @@ def main() -> None:
                    help="table capacity (the native backend preallocates it: Atari items are "
                         "564 KB each)")
     p.add_argument("--backends", default=None, help="comma list; default: all installed")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {list(MODES)}")
+    p.add_argument("--modes", default=None,
+                   help=f"comma list of {[*MODES, 'reverb-raw']} (reverb-raw: dm-reverb's own "
+                        "client, whatever --backends says); default: all, reverb-raw where "
+                        "dm-reverb is installed")
     args = p.parse_args()
-    modes = args.modes.split(",")
-    if unknown := [m for m in modes if m not in MODES]:
-        print(f"replay.py: unknown --modes {unknown}; choose from {list(MODES)}",
+    modes = (args.modes.split(",") if args.modes else
+             [*MODES] + (["reverb-raw"] if reverb_available() else []))
+    if unknown := [m for m in modes if m not in (*MODES, "reverb-raw")]:
+        print(f"replay.py: unknown --modes {unknown}; choose from {[*MODES, 'reverb-raw']}",
               file=sys.stderr)
         sys.exit(2)
     args.max_size = {"cartpole": args.cartpole_max_size, "atari": args.atari_max_size}
@@ -162,8 +166,9 @@ def main() -> None:
     results: dict = {"batch_size": args.batch_size, "seconds": args.seconds,
                      "max_size": args.max_size}
     rows = []
-    cases = [(backend, *MODES[mode]) for mode in modes for backend in backends]
-    if "reverb" in backends:
+    cases = [(backend, *MODES[mode]) for mode in modes if mode in MODES
+             for backend in backends]
+    if "reverb-raw" in modes:
         from reverb_raw import run_reverb_raw  # dm-reverb and TensorFlow: only where installed.
 
         cases.append(("reverb-raw", "in-process", lambda b, i, a: run_reverb_raw(i, a)))
