@@ -208,10 +208,11 @@ class Anakin:
             # of the state, so a resumed run draws what an uninterrupted one would.
             key = jax.random.fold_in(population.key[0], _PBT_STREAM)
             due = population.train.step[0] % interval == 0  # Members step in lockstep.
-            population, event = jax.lax.cond(
-                due, functools.partial(exploit_and_explore, key=key, pbt=pbt),
-                no_pbt_round, population)
-            return population, (metrics, event)
+            # Only what a round changes goes through the cond: its operands may be copied.
+            train, episodes, event = jax.lax.cond(
+                due, functools.partial(exploit_and_explore, key=key, pbt=pbt), no_pbt_round,
+                population.train, population.episodes)
+            return population.replace(train=train, episodes=episodes), (metrics, event)
 
         population, (metrics, events) = jax.lax.scan(body, population, None,
                                                      length=num_updates)
@@ -284,32 +285,35 @@ class PBTEvent:
     after: dict[str, jax.Array]
 
 
-def exploit_and_explore(population: MemberState, key: jax.Array, pbt: PopulationPBT
-                        ) -> tuple[MemberState, PBTEvent]:
-    """A PBT round over the members (leaves [M, ...]), as Tune's PopulationBasedTraining does
-    it between trials: the members are ranked by their window's mean return; each one in the
-    bottom `pbt_quantile` copies a member of the top quantile drawn at random (its training
-    state: params, optimizer state, RNG key, step counter; and its return window), and takes
-    that member's hyper-parameters through `explore`. A gather over the member axis: nothing
-    leaves the device.
+def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: PopulationPBT
+                        ) -> tuple[Any, Episodes, PBTEvent]:
+    """A PBT round over the members' training states and return windows (leaves [M, ...]),
+    as Tune's PopulationBasedTraining does it between trials: the members are ranked by their
+    window's mean return; each one in the bottom `pbt_quantile` copies a member of the top
+    quantile drawn at random (its training state: params, optimizer state, RNG key, step
+    counter; and its return window), and takes that member's hyper-parameters through
+    `explore`. A gather over the member axis: nothing leaves the device.
+
+    Returns:
+      (train, episodes, the round's event).
     """
-    score = window_means(population.episodes)
+    score = window_means(episodes)
     num_members = score.shape[0]
     size = quantile_size(num_members, pbt.config.pbt_quantile)
     order = jnp.argsort(score)  # Worst first; ties in member order.
     donor_key, explore_key = jax.random.split(key)
     chosen = order[num_members - size + jax.random.randint(donor_key, (size,), 0, size)]
     donor = jnp.arange(num_members).at[order[:size]].set(chosen)
-    copied = jax.tree.map(lambda x: x[donor], population.train)
-    before = get_hparams(population.train)
+    copied = jax.tree.map(lambda x: x[donor], train)
+    before = get_hparams(train)
     explored = explore(get_hparams(copied), explore_key, pbt)
     exploits = donor != jnp.arange(num_members)
     after = {name: jnp.where(exploits, v, before[name]) for name, v in explored.items()}
-    episodes = population.episodes.replace(  # The episodes under way stay the member's own.
-        returns=population.episodes.returns[donor], lengths=population.episodes.lengths[donor],
-        count=population.episodes.count[donor])
-    population = population.replace(train=set_hparams(copied, after), episodes=episodes)
-    return population, PBTEvent(jnp.asarray(True), donor, score, before, after)
+    episodes = episodes.replace(  # The episodes under way stay the member's own.
+        returns=episodes.returns[donor], lengths=episodes.lengths[donor],
+        count=episodes.count[donor])
+    return (set_hparams(copied, after), episodes,
+            PBTEvent(jnp.asarray(True), donor, score, before, after))
 
 
 def exploits(events: PBTEvent, last_step: int, steps_per_update: int) -> list[dict[str, Any]]:
@@ -340,12 +344,12 @@ def _finite(x: Any) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
-def no_pbt_round(population: MemberState) -> tuple[MemberState, PBTEvent]:
+def no_pbt_round(train: Any, episodes: Episodes) -> tuple[Any, Episodes, PBTEvent]:
     """`exploit_and_explore`'s result when no round is due: everything unchanged."""
-    hparams = get_hparams(population.train)
-    members = jnp.arange(population.episodes.count.shape[0])
-    return population, PBTEvent(jnp.asarray(False), members, window_means(population.episodes),
-                                hparams, hparams)
+    hparams = get_hparams(train)
+    members = jnp.arange(episodes.count.shape[0])
+    return train, episodes, PBTEvent(jnp.asarray(False), members, window_means(episodes),
+                                     hparams, hparams)
 
 
 def play_episodes(env: Any, policy: Callable, params: Any, initial_state: Mapping[str, Any],
