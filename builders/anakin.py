@@ -12,6 +12,9 @@ A population (`num_seeds` = M members) is the member step vmapped over M: each m
 own params, optimizer state, envs, RNG and hyper-parameters (`set_hparams`: the learning rate
 and the loss weights the update reads from its state), in one program. The env batch axis is
 sharded over the local devices, as the learner's batch is; everything else is replicated.
+With PBT (`PopulationPBT`), every K updates the bottom members copy top members' training
+states by a gather over the member axis and perturb their hyper-parameters, in the same
+program (`exploit_and_explore`).
 
 The host only calls the compiled step (`updates_per_call` updates of every member) and, in
 between, logs, shows progress, checkpoints and checks the stop rule on each member's return
