@@ -10,9 +10,10 @@ and float32 rewards) and Atari-size (length-20 trajectories of uint8[84, 84, 4])
 prioritized table (exponent 0.6, MinSize(1), FIFO remover) and a queue (Queue, FIFO,
 max_times_sampled=1). "in-process": the client holds the tables; "2nd process": the tables
 live in a replay node on local_mp and the benchmark calls it over the program's RPC, one
-insert per call, and samples through shared memory (a `ReplayClient`'s default on one host:
-the batch's arrays are views of a segment the node wrote, not read by the timed loop); "2nd,
-socket": the same with sampled batches copied through the socket instead; "2nd, streamed":
+insert per call, and samples as a `ReplayClient` does by default: batches of 256 KB or more
+(Atari-size: 18 MB) through shared memory (the batch's arrays are views of a segment the node
+wrote, not read by the timed loop), smaller ones (CartPole-size: 15 KB) over the socket; "2nd,
+socket": every batch over the socket; "2nd, streamed":
 inserts through a `StreamingWriter` (many inserts per call, confirmed in the background; the
 timed span ends once all are confirmed), samples through shared memory.
 
@@ -120,7 +121,8 @@ def run_remote(backend, item, args, streamed: bool = False, shared_memory: bool 
     node = program.add_node(launch.CourierNode(ReplayNode, tables(item, args.max_size[item]),
                                                backend, 0), label="replay")
     with launch.launch(program, platform="local_mp", block=False):
-        client = ReplayClient(node.dereference(), shared_memory=shared_memory)
+        client = (ReplayClient(node.dereference()) if shared_memory else
+                  ReplayClient(node.dereference(), shared_memory_min_bytes=None))
         writer = StreamingWriter(client) if streamed else None
         try:
             return measure(client, item, args.seconds, args.batch_size, args.max_size[item],

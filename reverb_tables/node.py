@@ -172,20 +172,24 @@ class ReplayClient:
     platform's generic remote error, so callers handle timeouts the same way in-process and
     across processes. A node that has died raises `ConnectionError` naming it.
 
-    When the node runs in another process on this host, sampled batches come through shared
-    memory (the first batch of each table and batch size comes over the socket, and tells the
-    size): their arrays are views of a segment that is not written again while any of them is
-    alive. Elsewhere, or where shared memory cannot be had (said once on stderr), they come
+    When the node runs in another process on this host, sampled batches of at least
+    `shared_memory_min_bytes` come through shared memory (the first batch of each table and
+    batch size comes over the socket, and tells the size): their arrays are views of a segment
+    that is not written again while any of them is alive. Smaller batches, batches from a node
+    on another host, and batches where shared memory cannot be had (said once on stderr) come
     over the socket.
 
     Args:
       node: the node's client (a dereferenced handle) or a `ReplayNode`.
-      shared_memory: False: sampled batches always come over the socket.
+      shared_memory_min_bytes: the smallest batch that goes through shared memory; None: none
+        does. Below the default a segment's bookkeeping costs about what the socket's copy
+        does (CartPole-size batches of 15 KB sample at the same rate either way).
     """
 
-    def __init__(self, node: Any, shared_memory: bool = True):
+    def __init__(self, node: Any, shared_memory_min_bytes: int | None = 256 * 1024):
         self._node = node
-        self._shared_memory = shared_memory
+        self._shared_memory = shared_memory_min_bytes is not None
+        self._min_bytes = shared_memory_min_bytes or 0
         self._segments: shared.ClientSegments | None = None
         self._segments_lock = threading.Lock()
 
@@ -245,7 +249,7 @@ class ReplayClient:
                     self._shared_memory = False
                     return None
                 self._segments = shared.ClientSegments(
-                    lambda nbytes: self._call("shared_memory_address", nbytes))
+                    lambda nbytes: self._call("shared_memory_address", nbytes), self._min_bytes)
             return self._segments
 
     def insert_many(self, items: Sequence[tuple[Any, Mapping[str, float], float | None]]

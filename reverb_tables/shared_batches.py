@@ -194,10 +194,12 @@ class ClientSegments:
 
     Args:
       address: `ReplayNode.shared_memory_address` of the node (an RPC).
+      min_bytes: smaller batches come over the socket.
     """
 
-    def __init__(self, address: Callable[[int], str | None]):
+    def __init__(self, address: Callable[[int], str | None], min_bytes: int = 0):
         self._address = address
+        self._min_bytes = min_bytes
         self._lock = threading.Lock()
         self._free: dict[int, list[_Segment]] = {}  # nbytes -> free segments (lock held)
         # Segments whose batch is gone. Their finalizers only append here, without the lock:
@@ -208,13 +210,17 @@ class ClientSegments:
         self.fallback: str | None = None  # Why batches come over the socket, once they do.
 
     def expected(self, table: str, batch_size: int) -> int | None:
-        """The bytes of a (table, batch_size) batch, once one has been seen and was sharable."""
+        """The segment size for a (table, batch_size) batch; None: it comes over the socket.
+
+        None until a batch of that table and size has been seen.
+        """
         return self._sizes.get((table, batch_size))
 
     def learn(self, table: str, batch_size: int, batch: SampleBatch) -> None:
-        """Records the size of segment that batches like `batch` need."""
+        """Records the size of segment that batches like `batch` need (None: too small)."""
         layout = batch_layout(batch.data)
-        self._sizes[(table, batch_size)] = None if layout is None else layout[1]
+        self._sizes[(table, batch_size)] = (
+            None if layout is None or layout[1] < self._min_bytes else layout[1])
 
     def take(self, nbytes: int) -> _Segment | None:
         """A free segment of `nbytes`, or a new one; None once shared memory cannot be had."""

@@ -33,7 +33,10 @@ def replay():
                               label="replay")
     running = launch.launch(program, platform="local_mp", block=False)
     try:
-        yield rt.ReplayClient(handle.dereference()), handle.dereference(), running
+        # Every batch of these tests is small: all but the first of a table and size go
+        # through shared memory.
+        client = rt.ReplayClient(handle.dereference(), shared_memory_min_bytes=0)
+        yield client, handle.dereference(), running
     finally:
         running.stop()
 
@@ -222,8 +225,8 @@ def two_nodes():
 
 
 def test_batches_through_shared_memory_equal_the_socket_paths_bit_for_bit(two_nodes):
-    shared = rt.ReplayClient(two_nodes[0])
-    socket = rt.ReplayClient(two_nodes[1], shared_memory=False)
+    shared = rt.ReplayClient(two_nodes[0], shared_memory_min_bytes=0)
+    socket = rt.ReplayClient(two_nodes[1], shared_memory_min_bytes=None)
     rng = np.random.default_rng(0)
     for i in range(12):
         data = mixed_item(rng)
@@ -281,6 +284,18 @@ def test_without_shared_memory_batches_come_over_the_socket_said_once(replay, mo
                      "out of reach); sampled batches come over the socket"]
 
 
+def test_batches_below_the_threshold_come_over_the_socket(replay):
+    _, raw, _ = replay
+    raw.insert(item(1), {"p": 1.0})  # A batch of 2 holds 16 bytes: a segment of 64.
+    for threshold, shared in ((64, True), (65, False)):
+        client = rt.ReplayClient(raw, shared_memory_min_bytes=threshold)
+        batches = [client.sample("p", 2) for _ in range(3)]
+        assert [in_shared_memory(b.data["x"]) for b in batches] == [False, shared, shared]
+        client.close()
+    default = rt.ReplayClient(raw)
+    assert not any(in_shared_memory(default.sample("p", 2).data["x"]) for _ in range(3))
+
+
 def test_in_process_clients_use_no_segment_and_a_node_without_memfd_offers_none(monkeypatch):
     node = rt.ReplayNode(TABLES)
     try:
@@ -317,7 +332,7 @@ def test_no_segment_or_fd_outlives_the_client_and_the_node_drops_them(replay):
 
 def hold_shared_batches(node, ready) -> None:
     """In a child process: samples 3 batches into segments, holds them, waits to be killed."""
-    client = rt.ReplayClient(node)
+    client = rt.ReplayClient(node, shared_memory_min_bytes=0)
     batches = [client.sample("p", 2) for _ in range(4)]
     assert [in_shared_memory(b.data["x"]) for b in batches] == [False, True, True, True]
     ready.set()
