@@ -4,7 +4,6 @@ nothing new, and the events reach stdout and metrics.jsonl."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -20,9 +19,9 @@ import jax.numpy as jnp  # noqa: E402
 from trellis.agents.common import get_hparams, set_hparams  # noqa: E402
 from trellis.agents.ppo import Builder as PPOBuilder  # noqa: E402
 from trellis.agents.ppo import Config as PPOConfig  # noqa: E402
+from trellis.builders import anakin as anakin_module  # noqa: E402
 from trellis.builders.anakin import (  # noqa: E402
     Anakin,
-    Population,
     exploit_and_explore,
     explore,
     window_means,
@@ -170,56 +169,40 @@ def test_window_means_rank_members_without_episodes_last(population4):
     np.testing.assert_array_equal(window_means(episodes), [-np.inf, 20.0, 1.0, 40.0])
 
 
-def test_pbt_rounds_compile_nothing_new(ppo):
-    """A population with a PBT round after every other update: calls with exploits and new
-    learning rates run without a compilation, and the update was traced once."""
-    anakin, learner = ppo
-    traces = []
-    update = anakin.update
-
-    def counted(state, batch):
-        traces.append(1)
-        return update(state, batch)
-
-    counting = dataclasses.replace(anakin, update=counted)
-    keys = jax.random.split(jax.random.key(3), 4)
-    pbt = PopulationPBT(PBTConfig(pbt_interval=2 * 64, pbt_quantile=0.25),
-                        {"learning_rate": LR_RANGE})
-    population = Population(counting, learner.mesh, keys,
-                            {"learning_rate": [1e-4, 1e-3, 1e-2, 3e-2]}, updates_per_call=4,
-                            pbt=pbt)
-    population.step()
-    compiles = []
+def test_run_py_pbt_compiles_nothing_per_round_and_logs_exploits(tmp_path, capsys,
+                                                                   monkeypatch):
+    """run.py --pbt: the backend compilations counted after each compiled call stay those of
+    the first while rounds exploit and change learning rates; every exploit is a line on
+    stdout and an entry of metrics.jsonl, and summary.json counts them."""
+    compiles, per_call = [], []
 
     def listener(event, duration, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(event)
 
+    step = anakin_module.Population.step
+
+    def counted_step(self):
+        out = step(self)
+        per_call.append((len(compiles), len(out[1])))
+        return out
+
+    monkeypatch.setattr(anakin_module.Population, "step", counted_step)
+    run_dir = tmp_path / "run"
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        exploits, lrs = [], set()
-        for _ in range(3):
-            _, found = population.step()
-            exploits += found
-            lrs.update(np.round(np.asarray(get_hparams(population.state.train)[
-                "learning_rate"]), 8).tolist())
+        code = run.main(["--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}",
+                         "--batch_size=8", "--unroll_length=8", "--num_minibatches=2",
+                         "--hidden_sizes=16", "--updates_per_call=4", "--num_seeds=4",
+                         "--stop_at_return=none", "--total_env_steps=2048", "--pbt",
+                         "--pbt_interval=500", "--member_hparams=learning_rate=1e-4:1e-1",
+                         "--no_compile_cache", f"--logdir={run_dir}"])
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
-    # A round every 2 updates (128 env steps / 64 per update), one exploit in each.
-    assert [e["env_steps"] for e in exploits] == [384, 512, 640, 768, 896, 1024]
-    assert len(lrs) > 4  # Explore gave new learning rates...
-    assert compiles == [] and len(traces) == 1  # ... without compiling anything.
-
-
-def test_run_py_logs_exploits_to_stdout_and_metrics(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    code = run.main(["--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}", "--batch_size=8",
-                     "--unroll_length=8", "--num_minibatches=2", "--hidden_sizes=16",
-                     "--updates_per_call=4", "--num_seeds=4", "--stop_at_return=none",
-                     "--total_env_steps=2048", "--pbt", "--pbt_interval=500",
-                     "--member_hparams=learning_rate=1e-4:1e-1", "--no_compile_cache",
-                     f"--logdir={run_dir}"])
     assert code == 0
+    # 8 calls of 4 updates; a round every 8 updates (500 env steps / 64 per update).
+    assert [n for _, n in per_call] == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert compiles and {c for c, _ in per_call} == {per_call[0][0]}
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pbt at")]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     exploits = [e for r in records for e in r.get("pbt_exploits", [])]
