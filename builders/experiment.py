@@ -112,21 +112,24 @@ def run_experiment(
     running = launch.launch(program, platform=platform, block=False,
                             **(platform_options or {}))
     try:
-        learner = program.handles("learner")[0].dereference()
-        pending = None
-        result = None
-        while result is None:
-            result = running.wait(timeout=config.log_every_s)
-            if pending is not None and pending.done():
-                if pending.exception() is None:
-                    stats = pending.result()
-                    progress_bar.update(stats)
-                    writer.log(stats, extra_metrics)
-                    if on_stats is not None and on_stats(stats):
-                        result = running.stop()
-                pending = None
-            if result is None and pending is None:
-                pending = learner.futures.stats()
+        # Ctrl-C and SIGTERM stop the program through the launcher's flag for the whole loop: a
+        # KeyboardInterrupt raised inside the writer's tensorboardX calls hung run.py (issue 14).
+        with running.stop_on_signals():
+            learner = program.handles("learner")[0].dereference()
+            pending = None
+            result = None
+            while result is None:
+                result = running.wait(timeout=config.log_every_s)
+                if pending is not None and pending.done():
+                    if pending.exception() is None:
+                        stats = pending.result()
+                        progress_bar.update(stats)
+                        writer.log(stats, extra_metrics)
+                        if on_stats is not None and on_stats(stats):
+                            result = running.stop()
+                    pending = None
+                if result is None and pending is None:
+                    pending = learner.futures.stats()
     except KeyboardInterrupt:
         result = running.stop()
     finally:

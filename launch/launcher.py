@@ -123,6 +123,18 @@ class RunningProgram:
         assert result is not None
         return result
 
+    def stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
+        """Inside (in the main thread; elsewhere a no-op), SIGINT and SIGTERM stop the program,
+        as they do while `wait()` waits.
+
+        A host loop that does more than wait (logging, RPCs) should run inside: there Ctrl-C
+        sets a flag instead of raising KeyboardInterrupt at an arbitrary point of library
+        code, which can leave that code broken. (Issue 14: raised inside tensorboardX's
+        add_scalar, it left the lock of the writer's queue held; the writer's close() then
+        waited forever and run.py never returned.)
+        """
+        return _stop_on_signals(self)
+
     def is_running(self) -> bool:
         """True until every node has been stopped."""
         return not self._done.is_set()
@@ -307,12 +319,12 @@ def launch(
         raise ValueError(f"program '{program.name}' has no nodes: add_node() before launching")
     backend = importlib.import_module(PLATFORMS[platform]).Backend(program, **platform_options)
     running = RunningProgram(program, backend, stop_timeout_s)
-    if not block:
-        running._start()
-        return running
-    # Handlers go in before the nodes start, so an early Ctrl-C still stops them all.
+    # Handlers go in before the nodes start, so an early Ctrl-C still stops them all (also
+    # without `block`: the monitor acts on it as soon as it runs).
     with _stop_on_signals(running):
         running._start()
+        if not block:
+            return running
         result = running.wait()
     assert result is not None
     return result

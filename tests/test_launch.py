@@ -283,6 +283,20 @@ def test_signal_stops_program_and_children(signum):
     assert not _wait_gone(pids, 0.0)
 
 
+def test_a_signal_inside_stop_on_signals_stops_the_program_and_raises_nothing():
+    program = launch.Program("busy")
+    program.add_node(launch.CourierNode(nodes.Runner), label="runner")
+    running = launch.launch(program, platform="local_mt", block=False)
+    # A host loop busy outside wait(): without the handlers, SIGINT would raise
+    # KeyboardInterrupt here (in run.py it once did so inside tensorboardX and hung it).
+    with running.stop_on_signals():
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while running.is_running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert running.wait(timeout=10) == launch.LaunchResult("signal", "SIGINT")
+
+
 def test_children_exit_when_launcher_is_killed():
     process, pids = _launch_script()
     process.kill()
