@@ -294,8 +294,8 @@ def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: Pop
     as Tune's PopulationBasedTraining does it between trials: the members are ranked by their
     window's mean return; each one in the bottom `pbt_quantile` copies a member of the top
     quantile drawn at random (its training state: params, optimizer state, RNG key, step
-    counter; and its return window), and takes that member's hyper-parameters through
-    `explore`. A gather over the member axis: nothing leaves the device.
+    counter), empties its own return window, and takes that member's hyper-parameters
+    through `explore`. A gather over the member axis: nothing leaves the device.
 
     Returns:
       (train, episodes, the round's event).
@@ -312,9 +312,11 @@ def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: Pop
     explored = explore(get_hparams(copied), explore_key, pbt)
     exploits = donor != jnp.arange(num_members)
     after = {name: jnp.where(exploits, v, before[name]) for name, v in explored.items()}
-    episodes = episodes.replace(  # The episodes under way stay the member's own.
-        returns=episodes.returns[donor], lengths=episodes.lengths[donor],
-        count=episodes.count[donor])
+    # The copy starts an empty window (and keeps its envs' episodes under way): its mean
+    # return, its rank at the next round and whether it solved then count only episodes it
+    # played itself, never the donor's. Copying the window let a whole population "solve"
+    # the moment its bottom members copied solved donors.
+    episodes = episodes.replace(count=jnp.where(exploits, 0, episodes.count))
     return (set_hparams(copied, after), episodes,
             PBTEvent(jnp.asarray(True), donor, score, before, after))
 
