@@ -5,7 +5,9 @@
   (c) impala:     the full IMPALA pipeline (inference + learner)
 
 (b) and (c) run once per transport between env workers and inference: shared memory (shm)
-and the RPC socket (socket).
+and the RPC socket (socket). Each gives two rates: from the learner node's start (policy and
+learner compilation included, as a run of that length sees it) and steady, from the first
+learner update (the first env step for (b)) to the end, once every program is compiled.
 
 Usage: python benchmarks/throughput.py [--env CartPole-v1] [--num_actors 2]
        [--envs_per_actor 32] [--env_steps 300000] [--transports shm,socket]
@@ -43,10 +45,12 @@ def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) 
 
 
 def pipeline(factory: EnvFactory, platform_name: str, transport: str, args, learn: bool) -> dict:
-    """Runs the program to the step budget; steps/s measured by the learner node.
+    """Runs the program to the step budget; steps/s measured by the learner node's counter.
 
-    The rate counts from the learner node's start (after JAX import and program start-up,
-    including the policy's compilation), so it is the rate a long run settles to.
+    `env_steps_per_s` counts from the learner node's start (after JAX import and program
+    start-up, with the policy's and the learner's compilation inside); `steady_env_steps_per_s`
+    from the first learner stats that show an update (an env step when not learning) to the
+    end, so it is the rate a long run settles to.
     """
     config = ExperimentConfig(
         num_actors=args.num_actors,
@@ -59,16 +63,37 @@ def pipeline(factory: EnvFactory, platform_name: str, transport: str, args, lear
     builder = ImpalaBuilder(ImpalaConfig())
     program = make_program(builder, factory, config, name="throughput")
     start = time.perf_counter()
-    result = launch.launch(program, platform=platform_name)
+    running = launch.launch(program, platform=platform_name, block=False)
+    warm = _first_stats(running, program.handles("learner")[0].dereference(),
+                        "learner_steps" if learn else "env_steps")
+    result = running.wait()
     wall = time.perf_counter() - start
     if result.stopped_by != "requested":
         raise RuntimeError(f"{platform_name}: run ended by {result.stopped_by}: {result.reason}")
     info = result.info
+    steady = {name: (info[name] - warm[name]) / (info["elapsed_s"] - warm["elapsed_s"])
+              for name in ("env_steps", "learner_steps")} if warm else {}
     return {
         "env_steps_per_s": info["env_steps"] / info["elapsed_s"],
         "learner_steps_per_s": info["learner_steps"] / info["elapsed_s"],
+        "steady_env_steps_per_s": steady.get("env_steps"),
+        "steady_learner_steps_per_s": steady.get("learner_steps"),
+        "steady_s": info["elapsed_s"] - warm["elapsed_s"] if warm else None,
         "wall_s": wall,
     }
+
+
+def _first_stats(running, learner, count: str, period_s: float = 0.1) -> dict | None:
+    """The learner's first stats with `count` > 0, polled every `period_s` while the program
+    runs; None if it stopped before."""
+    while running.wait(timeout=period_s) is None:
+        try:
+            stats = learner.stats()
+        except (ConnectionError, EOFError):  # The learner node stopped meanwhile.
+            return None
+        if stats[count] > 0:
+            return stats
+    return None
 
 
 def main() -> None:
@@ -100,14 +125,22 @@ def main() -> None:
 
     print()
     print(f"{args.env}, {args.num_actors} env workers x {args.envs_per_actor} envs")
-    print(f"{'stage':<36}{'env steps/s':>14}{'learner steps/s':>18}")
+    print(f"{'':<36}{'from the learner start':>32}{'steady':>32}")
+    print(f"{'stage':<36}" + f"{'env steps/s':>14}{'learner steps/s':>18}" * 2)
     print(f"{'(a) env alone, 1 worker':<36}{results['env_only_steps_per_s']:>14,.0f}{'-':>18}")
     for name, transport in runs:
         for stage, label in (("inference", "(b) + inference"), ("impala", "(c) full IMPALA")):
             r = results[f"{name}/{transport}/{stage}"]
             row = f"{label}, {name}, {transport}"
-            print(f"{row:<36}{r['env_steps_per_s']:>14,.0f}{r['learner_steps_per_s']:>18,.1f}")
+            print(f"{row:<36}{_rates(r['env_steps_per_s'], r['learner_steps_per_s'])}"
+                  f"{_rates(r['steady_env_steps_per_s'], r['steady_learner_steps_per_s'])}")
     print(json.dumps(rounded(results)))
+
+
+def _rates(env_steps_per_s: float | None, learner_steps_per_s: float | None) -> str:
+    if env_steps_per_s is None:  # The run ended before its first update.
+        return f"{'-':>14}{'-':>18}"
+    return f"{env_steps_per_s:>14,.0f}{learner_steps_per_s:>18,.1f}"
 
 
 if __name__ == "__main__":

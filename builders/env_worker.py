@@ -188,7 +188,8 @@ def shm_step(channel: shm.Channel, stop: StopEvent) -> Step:
         slots["terminated"][:] = terminated
         slots["truncated"][:] = truncated
         slots["first"][:] = first
-        slots["episodes"][:len(episodes)] = np.reshape(episodes, (-1, 2))
+        if episodes:
+            slots["episodes"][:len(episodes)] = episodes
         slots["num_episodes"][...] = len(episodes)
         channel.send(REQUEST)
         try:

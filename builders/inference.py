@@ -3,10 +3,12 @@
 Every env worker sends the K observations of its envs and waits for K actions: through its
 shared-memory slots when it runs on this host (`launch.shm`, see `env_worker.shm_step`),
 through the `step` RPC otherwise. The serving thread waits on both at once, gathers requests
-until `max_batch` envs are waiting or `timeout_s` has passed since the first one, runs the
-jitted policy once on the concatenation, and replies to each worker with its slice. What the
-policy saw and did is written into per-slot unroll buffers on this side (env workers stay
-stateless); each full unroll of T + 1 steps goes to the learner through `on_unroll`.
+until `max_batch` envs are waiting or `timeout_s` has passed since the first one, copies their
+inputs into one preallocated batch, runs the jitted policy once on it, and replies to each
+worker with its slice before anything else, so the workers step their envs while this thread
+records: what the policy saw and did is written into per-worker unroll buffers on this side
+(env workers stay stateless); each full unroll of T + 1 steps goes to the learner through
+`on_unroll`.
 
 A recurrent policy's state lives here too, on the device, one row per env slot (SEED RL): the
 jitted call that picks the actions also gathers the batch's rows and scatters the new state
@@ -16,6 +18,7 @@ starts, to be recorded with it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -63,6 +66,7 @@ class _Request:
 
     Its `data` are views of the worker's shared slots when it came through `channel`: they
     stay valid until `finish`, since the worker waits for the answer before writing again.
+    `actions` is set only when the request is answered with them.
     """
 
     worker_id: int
@@ -86,16 +90,19 @@ class _Request:
 
 
 class UnrollRecorder:
-    """Per-worker unroll buffers [T + 1, K, ...]; emits a copy when one is full.
+    """Per-worker unroll buffers [T + 1, K, ...]; hands each one over when it is full.
 
     A worker's K envs advance in lockstep, so one time index per worker suffices. The last
-    `overlap` steps of an unroll are kept as the first of the next. A new run id for a worker
-    (the process restarted) drops its partial unroll, so no unroll spans two runs.
+    `overlap` steps of an unroll are copied to be the first of the next one; a full unroll's
+    buffers go to `on_unroll` as they are (this side never writes them again), so nothing
+    else is copied. A new run id for a worker (the process restarted) drops its partial
+    unroll, so no unroll spans two runs.
 
     Fields named `state/<name>` are not per step: an unroll holds them once, [1, K, ...], as
     the policy state at its first step. `record` asks for the state (a callable, so it is
-    fetched from the device only then) at the steps where an unroll begins: a run's first
-    step, and the step `overlap` from the end, which the next unroll starts with.
+    fetched from the device only then) at the steps where an unroll begins: every
+    `T + 1 - overlap` steps from a run's first. With an overlap beyond half the unroll (R2D2's
+    burn-in) several unrolls have begun and not ended, so their states wait in order.
     """
 
     def __init__(
@@ -107,19 +114,25 @@ class UnrollRecorder:
         on_unroll: Callable[[dict[str, np.ndarray]], None],
         overlap: int = 1,
     ):
-        def buffers(length: int, is_state: bool) -> dict[str, np.ndarray]:
-            return {name: s.zeros((num_workers, length, envs_per_worker))
-                    for name, s in specs.items() if name.startswith(STATE_PREFIX) == is_state}
-
-        self._buffers = buffers(unroll_length + 1, is_state=False)
-        self._state = buffers(1, is_state=True)  # At the current unroll's first step.
-        self._next_state = buffers(1, is_state=True)  # At the next unroll's first step.
-        self._t = np.zeros(num_workers, np.int64)
-        self._run_ids: list[int | None] = [None] * num_workers
+        self._specs = dict(specs)
+        self._steps = [name for name in specs if not name.startswith(STATE_PREFIX)]
+        self._states = [name for name in specs if name.startswith(STATE_PREFIX)]
+        self._k = envs_per_worker
         self._length = unroll_length + 1
         self._overlap = overlap
         self._on_unroll = on_unroll
+        self._unrolls = [self._empty() for _ in range(num_workers)]  # Each worker's current.
+        self._t = [0] * num_workers  # Steps in the current unroll.
+        self._since_start = [0] * num_workers  # Steps since the latest unroll began.
+        # The states of the unrolls begun and not emitted yet, oldest first.
+        self._begun: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
+        self._run_ids: list[int | None] = [None] * num_workers
         self.resets = 0
+
+    def _empty(self) -> dict[str, np.ndarray]:
+        """One unroll's buffers: [T + 1, K, ...] per step field, [1, K, ...] per state field."""
+        return {name: s.zeros((1 if name.startswith(STATE_PREFIX) else self._length, self._k))
+                for name, s in self._specs.items()}
 
     def is_new_run(self, worker_id: int, run_id: int) -> bool:
         """Whether `run_id` is not the run this worker's buffers hold (a start or a restart)."""
@@ -140,25 +153,30 @@ class UnrollRecorder:
                 self.resets += 1
             self._run_ids[worker_id] = run_id
             self._t[worker_id] = 0
-        t = self._t[worker_id]
-        if self._state and t in (0, self._length - self._overlap):
+            self._since_start[worker_id] = 0
+            self._begun[worker_id].clear()
+        if self._states and self._since_start[worker_id] == 0:  # An unroll begins here.
             rows = state()
-            target = self._state if t == 0 else self._next_state
-            for name, buffer in target.items():
-                buffer[worker_id, 0] = rows[name.removeprefix(STATE_PREFIX)]
-        for name, buffer in self._buffers.items():
-            buffer[worker_id, t] = step[name]
-        t += 1
-        if t == self._length:
-            unroll = {name: b[worker_id].copy() for name, b in self._buffers.items()}
-            unroll.update({name: b[worker_id].copy() for name, b in self._state.items()})
-            self._on_unroll(unroll)
-            for buffer in self._buffers.values():
-                buffer[worker_id, :self._overlap] = buffer[worker_id, -self._overlap:]
-            for name, buffer in self._state.items():
-                buffer[worker_id] = self._next_state[name][worker_id]
-            t = self._overlap
-        self._t[worker_id] = t
+            self._begun[worker_id].append(
+                {name: np.array(rows[name.removeprefix(STATE_PREFIX)]) for name in self._states})
+        self._since_start[worker_id] = (self._since_start[worker_id] + 1) % (
+            self._length - self._overlap)
+        t = self._t[worker_id]
+        unroll = self._unrolls[worker_id]
+        for name in self._steps:
+            unroll[name][t] = step[name]
+        if t + 1 < self._length:
+            self._t[worker_id] = t + 1
+            return
+        if self._states:
+            for name, rows in self._begun[worker_id].popleft().items():
+                unroll[name][0] = rows
+        following = self._empty()
+        for name in self._steps:
+            following[name][:self._overlap] = unroll[name][-self._overlap:]
+        self._unrolls[worker_id] = following
+        self._t[worker_id] = self._overlap
+        self._on_unroll(unroll)
 
 
 def _bucket(n: int) -> int:
@@ -166,42 +184,34 @@ def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _act(policy: Policy, params, key, obs, first):
-    """A feed-forward policy's step: nothing to gather or scatter; returns the next key first.
+def _act(policy: Policy, params, key, count, obs, first):
+    """A feed-forward policy's step: nothing to gather or scatter.
 
-    The key is split inside the jitted call: a split of its own costs about as much host time
-    as the whole policy call on a small network (CPU, 64 CartPole envs: ~50 of ~190 us,
-    measured on a busy 2-core machine).
+    The step's key is `key` folded with the batch count, inside the jitted call: the key stays
+    the same host array, so no key comes back with the actions, and every call takes inputs of
+    the same kinds (a key out of a jitted call is committed to the device, a fresh one is not,
+    and each kind compiles a program of its own).
     """
-    key, step_key = jax.random.split(key)
-    actions, extras, _ = policy(params, step_key, obs, {}, first)
-    return key, actions, extras
+    actions, extras, _ = policy(params, jax.random.fold_in(key, count), obs, {}, first)
+    return actions, extras
 
 
-def _act_with_state(policy: Policy, params, key, obs, first, slots, state: State):
+def _act_with_state(policy: Policy, params, key, count, obs, first, slots, state: State):
     """A stateful policy's step on the rows `slots` [N] of every slot's `state` [S, ...].
 
     Padding rows carry slot S (out of range): their gather reads some row (clipped) and
-    their scatter is dropped. Returns the next key first (as `_act`), and the rows used too,
-    for the recorder.
+    their scatter is dropped. The key as in `_act`; returns the rows used too, for the
+    recorder.
     """
-    key, step_key = jax.random.split(key)
     rows = {name: s.at[slots].get(mode="clip") for name, s in state.items()}
-    actions, extras, new_rows = policy(params, step_key, obs, rows, first)
+    actions, extras, new_rows = policy(params, jax.random.fold_in(key, count), obs, rows, first)
     state = {name: s.at[slots].set(new_rows[name], mode="drop") for name, s in state.items()}
-    return key, actions, extras, state, rows
+    return actions, extras, state, rows
 
 
 def _reset_rows(state: State, initial: State, slots) -> State:
     """`state` with the rows `slots` back at their initial values."""
     return {name: s.at[slots].set(initial[name][slots]) for name, s in state.items()}
-
-
-def _padded(x: np.ndarray, n: int) -> np.ndarray:
-    """`x` [M, ...] zero-padded to [n, ...]."""
-    out = np.zeros((n,) + x.shape[1:], x.dtype)
-    out[:len(x)] = x
-    return out
 
 
 class InferenceServer:
@@ -211,7 +221,7 @@ class InferenceServer:
       policy: `policy(params, key, obs[N], state, first[N]) -> (actions[N], extras,
         new_state)` (`builders.base.Policy`); jitted here, with the state's gather and scatter.
       params: initial params (replace with `set_params`; read by reference, no copy).
-      key: RNG key, split once per batch.
+      key: RNG key; each batch's is this key folded with the batch count.
       specs: recorded fields (see `step_specs`).
       num_workers, envs_per_worker: the env slots served (worker_id in [0, num_workers)).
       unroll_length: T.
@@ -246,14 +256,20 @@ class InferenceServer:
         shared_memory: shm.Layout | None = None,
     ):
         self._params = params
-        # On the host between calls, fetched with the actions: a key that came out of a jitted
-        # call is committed to the device, a new one is not, and each kind compiles a program
-        # of its own, so which ones a run compiles would depend on its first calls.
-        self._key = jax.device_get(key)
+        self._key = jax.device_get(key)  # On the host, the same for every call (see `_act`).
+        self._count = 0  # Batches served: folded into the key.
         self._specs = dict(specs)
         self._num_workers = num_workers
         self._k = envs_per_worker
         self._max_batch = max_batch or num_workers * envs_per_worker
+        self._requests_per_batch = -(-self._max_batch // envs_per_worker)
+        self._batch_sizes = sorted({_bucket(i * envs_per_worker)
+                                    for i in range(1, self._requests_per_batch + 1)})
+        # One batch of inputs, reused: each request's are copied in and a padded prefix goes
+        # to the policy (a prefix of a C-contiguous array is one too). Padding rows keep what
+        # an earlier batch left there; their outputs are dropped.
+        self._inputs = {name: self._specs[name].zeros((self._batch_sizes[-1],))
+                        for name in _INPUTS}
         self._timeout_s = timeout_s
         self._stop = stop
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -272,8 +288,10 @@ class InferenceServer:
         # The state lives on the device; each step donates its buffers to the next.
         self._initial = {name: jax.device_put(v) for name, v in (initial_state or {}).items()}
         self._state = {name: v.copy() for name, v in self._initial.items()}
+        self._slots = [np.arange(w * envs_per_worker, (w + 1) * envs_per_worker, dtype=np.int32)
+                       for w in range(num_workers)]  # Each worker's rows of the state.
         if self._state:
-            self._act = jax.jit(functools.partial(_act_with_state, policy), donate_argnums=5)
+            self._act = jax.jit(functools.partial(_act_with_state, policy), donate_argnums=6)
             self._reset = jax.jit(_reset_rows, donate_argnums=0)
         else:
             self._act = jax.jit(functools.partial(_act, policy))
@@ -348,7 +366,7 @@ class InferenceServer:
     def _gather(self) -> list[_Request]:
         batch = self._pending or self._ready(0.05)
         deadline = time.monotonic() + self._timeout_s
-        limit = -(-self._max_batch // self._k)  # Requests per batch.
+        limit = self._requests_per_batch
         while batch and len(batch) < limit and (remaining := deadline - time.monotonic()) > 0:
             batch += self._ready(remaining)
         batch, self._pending = batch[:limit], batch[limit:]
@@ -369,15 +387,15 @@ class InferenceServer:
 
     def _shm_request(self, channel: shm.Channel) -> _Request | None:
         worker_id, run_id = unpack_hello(channel.hello)
-        request = _Request(worker_id, run_id, {name: channel.arrays[name] for name in _INPUTS},
-                           channel)
+        slots = channel.arrays
+        request = _Request(worker_id, run_id, {name: slots[name] for name in _INPUTS}, channel)
         if not 0 <= worker_id < self._num_workers:  # The RPC path raises ValueError here.
             request.error = ValueError(f"worker_id {worker_id} not in [0, {self._num_workers})")
             request.finish()
             return None
-        slots = channel.arrays
-        self._on_steps(self._k, [(r, int(n)) for r, n in
-                                 slots["episodes"][:int(slots["num_episodes"])].tolist()])
+        count = int(slots["num_episodes"])
+        self._on_steps(self._k, [(r, int(n)) for r, n in slots["episodes"][:count].tolist()]
+                       if count else ())
         return request
 
     def _serve(self) -> None:
@@ -395,16 +413,14 @@ class InferenceServer:
         compiling on first use would make a run's set of programs a matter of timing: a second
         run of the same config could still compile one (a miss in the persistent compilation
         cache). All rows are padding (slot out of range), so no slot's state changes, and the
-        key is not advanced.
+        batch count is not advanced.
         """
-        first = self._specs["first"]
-        obs = self._specs["obs"]
-        requests = -(-self._max_batch // self._k)
-        for n in sorted({_bucket(i * self._k) for i in range(1, requests + 1)}):
-            args = (self._params, self._key, obs.zeros((n,)), first.zeros((n,)))
+        for n in self._batch_sizes:
+            args = (self._params, self._key, np.uint32(0), self._inputs["obs"][:n],
+                    self._inputs["first"][:n])
             if self._state:
                 slots = np.full(n, self._num_workers * self._k, np.int32)
-                self._state = self._act(*args, slots, self._state)[3]
+                self._state = self._act(*args, slots, self._state)[2]
             else:
                 self._act(*args)
 
@@ -414,47 +430,67 @@ class InferenceServer:
             if not batch:
                 continue
             try:
-                self._infer(batch)
+                self._serve_batch(batch)
             except BaseException as e:
                 # A peer that stopped first (a replay node taking unrolls) is part of stopping,
                 # not an error: the workers get the stop answer (None) and the thread ends.
                 stopping = self._stop.is_set() and isinstance(e, ConnectionError | EOFError)
-                for request in batch:  # Wake the workers, then let the node fail.
-                    request.error = None if stopping else e
-                    request.finish()
+                for request in batch:  # Wake the workers still waiting, then let the node fail.
+                    if request.actions is None:
+                        request.error = None if stopping else e
+                        request.finish()
                 if stopping:
                     return
                 raise
 
-    def _infer(self, batch: list[_Request]) -> None:
-        n, padded_n = len(batch) * self._k, _bucket(len(batch) * self._k)
-        obs = _padded(np.concatenate([r.data["obs"] for r in batch]), padded_n)
-        first = _padded(np.concatenate([r.data["first"] for r in batch]), padded_n)
-        state_rows = None
-        if self._state:
-            slots = np.full(padded_n, self._num_workers * self._k, np.int32)
-            for i, request in enumerate(batch):
-                worker_slots = np.arange(self._k) + request.worker_id * self._k
-                slots[i * self._k:(i + 1) * self._k] = worker_slots
-                if self._recorder.is_new_run(request.worker_id, request.run_id):
-                    self._state = self._reset(self._state, self._initial, worker_slots)
-            key, actions, extras, self._state, state_rows = self._act(
-                self._params, self._key, obs, first, slots, self._state)
-        else:
-            key, actions, extras = self._act(self._params, self._key, obs, first)
-        # One transfer for all of them.
-        self._key, actions, extras = jax.device_get((key, actions, extras))
-        actions = actions[:n]
-        extras = {name: v[:n] for name, v in extras.items()}
-        host_rows = functools.cache(lambda: jax.device_get(state_rows))
+    def _serve_batch(self, batch: list[_Request]) -> None:
+        """Acts for every request, answers them all, then records the steps."""
+        k, n = self._k, len(batch) * self._k
+        inputs = {name: buffer[:_bucket(n)] for name, buffer in self._inputs.items()}
         for i, request in enumerate(batch):
-            rows = slice(i * self._k, (i + 1) * self._k)
-            request.actions = actions[rows]
-            step = dict(request.data, action=request.actions)
-            step.update({name: v[rows] for name, v in extras.items()})
-            self._recorder.record(
-                request.worker_id, request.run_id, step,
-                state=lambda rows=rows: {k: v[rows] for k, v in host_rows().items()})
+            for name, value in request.data.items():
+                inputs[name][i * k:(i + 1) * k] = value
+        actions, extras, state_rows = self._act_on(batch, inputs["obs"], inputs["first"])
+        # Answer first: the workers step their envs while this thread records (from `inputs`,
+        # since they overwrite their slots once answered).
+        for i, request in enumerate(batch):
+            request.actions = actions[i * k:(i + 1) * k]
             request.finish()
+        host_rows: list[dict[str, np.ndarray]] = []  # The state rows, once fetched.
+
+        def rows_of(rows: slice) -> dict[str, np.ndarray]:
+            if not host_rows:
+                host_rows.append(jax.device_get(state_rows))
+            return {name: v[rows] for name, v in host_rows[0].items()}
+
+        for i, request in enumerate(batch):
+            rows = slice(i * k, (i + 1) * k)
+            step = {name: v[rows] for name, v in inputs.items()}
+            step["action"] = request.actions
+            step.update({name: v[rows] for name, v in extras.items()})
+            self._recorder.record(request.worker_id, request.run_id, step,
+                                  state=functools.partial(rows_of, rows))
         self.batches += 1
         self.steps += n
+
+    def _act_on(self, batch: list[_Request], obs: np.ndarray, first: np.ndarray):
+        """The policy on one padded batch: (actions, extras) on the host (one transfer for
+        both) and, for a stateful policy, the state rows it started from (on the device).
+
+        A worker that starts a new run gets its slots' state reset first.
+        """
+        count = np.uint32(self._count & 0xFFFFFFFF)  # Distinct keys for 2^32 batches.
+        self._count += 1
+        if not self._state:
+            outputs = self._act(self._params, self._key, count, obs, first)
+            return *jax.device_get(outputs), None
+        k = self._k
+        slots = np.full(len(obs), self._num_workers * k, np.int32)
+        for i, request in enumerate(batch):
+            worker_slots = self._slots[request.worker_id]
+            slots[i * k:(i + 1) * k] = worker_slots
+            if self._recorder.is_new_run(request.worker_id, request.run_id):
+                self._state = self._reset(self._state, self._initial, worker_slots)
+        actions, extras, self._state, rows = self._act(
+            self._params, self._key, count, obs, first, slots, self._state)
+        return *jax.device_get((actions, extras)), rows

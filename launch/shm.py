@@ -73,6 +73,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket, arrays: dict[str, np.ndarray], hello: bytes):
         self._sock = sock
+        self._timeout = sock.gettimeout()
         self.arrays = arrays
         self.hello = hello
 
@@ -89,7 +90,9 @@ class Channel:
         Raises:
           ConnectionError: the peer closed its end (it exited or died).
         """
-        self._sock.settimeout(timeout_s)
+        if timeout_s != self._timeout:  # Each settimeout costs two fcntl calls.
+            self._sock.settimeout(timeout_s)
+            self._timeout = timeout_s
         try:
             data = self._sock.recv(1)
         except TimeoutError:

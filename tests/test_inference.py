@@ -1,6 +1,7 @@
 """Central inference: dynamic batching matches unbatched calls; unrolls are recorded right."""
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -72,12 +73,80 @@ def test_batched_actions_match_unbatched_calls_per_slot():
     assert server.batches < num_workers * steps
     assert server.steps == num_workers * steps * k
 
-    # Each worker produced 2 unrolls of T + 1 = 6 steps from its 12 steps (overlap of 1).
+    # Each worker produced 2 unrolls of T + 1 = 6 steps from its 12 steps (overlap of 1),
+    # holding exactly what it sent at steps 0-5 and 5-10.
     assert len(unrolls) == num_workers * 2
+    expected = [{name: np.stack([x[name] for x in sent[w][start:start + 6]]) for name in sent[w][0]}
+                for w in range(num_workers) for start in (0, 5)]
     for chunk in unrolls:
         assert chunk["obs"].shape == (6, k, 3) and chunk["logits"].shape == (6, k, 4)
         np.testing.assert_allclose(chunk["logits"], chunk["obs"] @ W, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(chunk["action"], np.argmax(chunk["obs"] @ W, axis=-1))
+        matches = [e for e in expected if np.array_equal(e["obs"], chunk["obs"])]
+        assert len(matches) == 1
+        for name, value in matches[0].items():
+            np.testing.assert_array_equal(chunk[name], value)
+
+
+def test_a_worker_gets_the_actions_of_the_step_that_fills_an_unroll_while_the_learner_waits():
+    """Answers go out before recording: a full unroll queue holds the worker's next step,
+    not the one whose unroll is waiting to be taken."""
+    taken, release = threading.Event(), threading.Event()
+
+    def on_unroll(chunk):
+        taken.set()
+        release.wait(60)
+
+    server, stop = make_server(on_unroll, num_workers=1, unroll_length=5)
+    server.start()
+    rng = np.random.default_rng(0)
+    answered = []
+
+    def worker():
+        for _ in range(7):
+            answered.append(server.step(0, 1, **worker_inputs(rng, 4)))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert taken.wait(30), "no unroll after 6 steps"
+        deadline = time.monotonic() + 30
+        while len(answered) < 6:  # The 6th step filled the unroll that on_unroll holds.
+            assert time.monotonic() < deadline, f"{len(answered)} steps answered, expected 6"
+            time.sleep(0.01)
+        assert len(answered) == 6  # The 7th waits for the learner: the back-pressure.
+    finally:
+        release.set()
+        thread.join(30)
+        stop.set()
+        server.join(5)
+    assert len(answered) == 7 and all(a is not None for a in answered)
+
+
+def _sampling_server(key, unrolls):
+    def policy(params, key, obs, state, first):
+        del params, first
+        u = jax.random.uniform(key, (obs.shape[0],))
+        return jnp.zeros(obs.shape[0], jnp.int32), {"u": u}, state
+
+    stop = threading.Event()
+    server = InferenceServer(
+        policy, W, key, step_specs(SPEC, {"u": ArraySpec((), "float32")}), 1, 4, 5,
+        unrolls.append, stop)
+    server.start()
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        server.step(0, 1, **worker_inputs(rng, 4))
+    stop.set()
+    server.join(5)
+    return unrolls[0]["u"]  # [6 batches, 4 envs]
+
+
+def test_every_batch_draws_from_a_fresh_key_that_the_seed_fixes():
+    u = _sampling_server(jax.random.PRNGKey(3), [])
+    assert len(np.unique(u)) == u.size  # No batch reuses a key.
+    np.testing.assert_array_equal(_sampling_server(jax.random.PRNGKey(3), []), u)
+    assert not np.array_equal(_sampling_server(jax.random.PRNGKey(4), []), u)
 
 
 def test_bad_shapes_are_refused_with_a_clear_error():
@@ -114,6 +183,18 @@ def test_recorder_drops_partial_unroll_of_a_restarted_worker():
         rec.record(1, run_id=2, step=step)
     assert rec.resets == 1
     assert [c["x"][:, 0].tolist() for c in out] == [[100, 101, 102, 103]]
+
+
+def test_recorder_keeps_each_unrolls_state_when_the_overlap_exceeds_half_the_unroll():
+    """R2D2's case: 7 steps, a new unroll every 3 (overlap 4), so three have begun at once."""
+    out = []
+    specs = {"x": ArraySpec((), "float32"), "state/s": ArraySpec((), "float32")}
+    rec = UnrollRecorder(specs, 1, 1, 6, out.append, overlap=4)
+    for i in range(16):  # The state at step i is 100 + i.
+        rec.record(0, 1, {"x": np.full(1, i, np.float32)},
+                   state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})
+    assert [u["x"][:, 0].tolist() for u in out] == [list(range(s, s + 7)) for s in (0, 3, 6, 9)]
+    assert [u["state/s"][0, 0] for u in out] == [100, 103, 106, 109]
 
 
 def test_batcher_splits_chunks_into_batches_without_losing_columns():
