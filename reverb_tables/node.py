@@ -84,7 +84,8 @@ class ReplayNode:
     def shared_memory_address(self, nbytes: int) -> str | None:
         """Where a client on this host hands over its segments of `nbytes` (see `sample_shared`).
 
-        None where this node has no shared memory (not Linux, or closing).
+        None where this node has no shared memory (not Linux, or closing). Like every shared
+        sample, the call also unmaps the segments of clients that closed them or died.
         """
         return self._segments.address(nbytes)
 
