@@ -120,8 +120,8 @@ def _python_return(jax_env, state) -> float:
 SMALL_PPO = PPOConfig(batch_size=8, unroll_length=8, num_minibatches=2, hidden_sizes=(16,))
 
 
-@pytest.fixture(scope="module")
-def ppo():
+def small_ppo_anakin(return_window: int):
+    """(Anakin, learner) of a small PPO on gymnax CartPole-v1."""
     builder = PPOBuilder(SMALL_PPO)
     factory = make_env_factory(CARTPOLE)
     spec = factory.spec()
@@ -130,8 +130,13 @@ def ppo():
     anakin = Anakin(env=factory.make(), policy=builder.make_policy(networks), init=learner.init,
                     update=learner.make_update(learner.mesh), initial_state={},
                     num_envs=SMALL_PPO.batch_size, unroll_length=SMALL_PPO.unroll_length,
-                    return_window=10)
+                    return_window=return_window)
     return anakin, learner
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    return small_ppo_anakin(return_window=10)
 
 
 def test_update_on_anakin_equals_the_learners_update(ppo):

@@ -16,37 +16,23 @@ pytest.importorskip("gymnax", reason="gymnax is an optional extra (pip install -
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from tests.test_anakin import CARTPOLE, small_ppo_anakin  # noqa: E402
 from trellis.agents.common import get_hparams, set_hparams  # noqa: E402
-from trellis.agents.ppo import Builder as PPOBuilder  # noqa: E402
-from trellis.agents.ppo import Config as PPOConfig  # noqa: E402
 from trellis.builders import anakin as anakin_module  # noqa: E402
 from trellis.builders.anakin import (  # noqa: E402
-    Anakin,
     exploit_and_explore,
     explore,
     window_means,
 )
 from trellis.builders.pbt import Dimension, PBTConfig, PopulationPBT, quantile_size  # noqa: E402
-from trellis.envs import make_env_factory  # noqa: E402
 from trellis.launch import run  # noqa: E402
 
-CARTPOLE = "gymnax:CartPole-v1"
-SMALL_PPO = PPOConfig(batch_size=8, unroll_length=8, num_minibatches=2, hidden_sizes=(16,))
 LR_RANGE = Dimension("loguniform", (1e-4, 1e-1))
 
 
 @pytest.fixture(scope="module")
 def ppo():
-    builder = PPOBuilder(SMALL_PPO)
-    factory = make_env_factory(CARTPOLE)
-    spec = factory.spec()
-    networks = builder.make_networks(spec)
-    learner = builder.make_learner(networks, spec, jax.random.key(0))
-    anakin = Anakin(env=factory.make(), policy=builder.make_policy(networks), init=learner.init,
-                    update=learner.make_update(learner.mesh), initial_state={},
-                    num_envs=SMALL_PPO.batch_size, unroll_length=SMALL_PPO.unroll_length,
-                    return_window=4)
-    return anakin, learner
+    return small_ppo_anakin(return_window=4)
 
 
 def _pbt(**settings) -> PopulationPBT:
