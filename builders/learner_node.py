@@ -149,15 +149,18 @@ class ReplayFeed:
 
     def put(self, chunk: dict[str, np.ndarray]) -> None:
         """Streams one item per env slot of `chunk` [T + 1, K, ...]; blocks while the rate
-        limiter holds inserts back, until a stop."""
+        limiter holds inserts back, until a stop. A stop loses only what the rate limiter
+        holds back: an unroll recorded as the program stops still goes in."""
         pending = collections.deque(
             {name: v[:, k] for name, v in chunk.items()}
             for k in range(next(iter(chunk.values())).shape[1]))
-        while pending and not self._stop.is_set():
+        while pending:
             try:
                 self._writer.insert(pending[0], {self._table: 1.0},
                                     timeout_s=self._insert_timeout_s)
             except RateLimiterTimeout:
+                if self._stop.is_set():
+                    return  # Stopping: what the rate limiter holds back is given up.
                 # Raised before this item was queued: it goes after the dropped ones.
                 pending.extendleft(reversed(self._take_dropped()))
                 continue
