@@ -51,6 +51,8 @@ class Episodes:
       episode_return, episode_length: [B] of the episodes under way.
       returns, lengths: [W] ring buffers of finished episodes; slot `i % W` holds the i-th.
       count: episodes finished so far.
+      window_start: the first episode the window counts (0; a PBT exploit restarts it, so a
+        member's window holds only episodes it played after its latest copy).
     """
 
     episode_return: jax.Array
@@ -58,12 +60,13 @@ class Episodes:
     returns: jax.Array
     lengths: jax.Array
     count: jax.Array
+    window_start: jax.Array
 
     @classmethod
     def zeros(cls, num_envs: int, window: int) -> Episodes:
         return cls(jnp.zeros(num_envs, jnp.float32), jnp.zeros(num_envs, jnp.int32),
                    jnp.zeros(window, jnp.float32), jnp.zeros(window, jnp.int32),
-                   jnp.zeros((), jnp.int32))
+                   jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
 
 def track_episodes(episodes: Episodes, reward: jax.Array, done: jax.Array,
@@ -84,15 +87,14 @@ def track_episodes(episodes: Episodes, reward: jax.Array, done: jax.Array,
         episode_return, episode_length,
         episodes.returns.at[slot].set(episode_return, mode="drop"),
         episodes.lengths.at[slot].set(episode_length, mode="drop"),
-        episodes.count + ended.astype(jnp.int32))
+        episodes.count + ended.astype(jnp.int32), episodes.window_start)
 
 
-def window_in_order(returns: np.ndarray, count: int) -> np.ndarray:
-    """A ring buffer's episodes oldest first (at most W, fewer before W have ended)."""
-    window = returns.shape[0]
-    if count <= window:
-        return returns[:count]
-    return np.roll(returns, -(count % window))
+def window_in_order(values: np.ndarray, count: int, start: int = 0) -> np.ndarray:
+    """A ring buffer's window oldest first: the last min(count - start, W) episodes."""
+    window = values.shape[0]
+    held = min(count - start, window)
+    return values[np.arange(count - held, count) % window]
 
 
 # --- One member's act-and-learn step ----------------------------------------------------
@@ -231,10 +233,11 @@ def window_means(episodes: Episodes) -> jax.Array:
     """Each member's mean return over its window ([M]); -inf before its first episode ends,
     so a member without a score ranks last."""
     window = episodes.returns.shape[-1]
-    ended = jnp.arange(window) < episodes.count[..., None]  # The slots that hold an episode.
-    total = jnp.sum(jnp.where(ended, episodes.returns, 0.0), axis=-1)
-    count = jnp.minimum(episodes.count, window)
-    return jnp.where(count > 0, total / jnp.maximum(count, 1), -jnp.inf)
+    held = jnp.minimum(episodes.count - episodes.window_start, window)
+    # Slot i holds the episode finished `age` episodes before the newest one.
+    age = (episodes.count[..., None] - 1 - jnp.arange(window)) % window
+    total = jnp.sum(jnp.where(age < held[..., None], episodes.returns, 0.0), axis=-1)
+    return jnp.where(held > 0, total / jnp.maximum(held, 1), -jnp.inf)
 
 
 def sample(dimension: Dimension, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -312,11 +315,12 @@ def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: Pop
     explored = explore(get_hparams(copied), explore_key, pbt)
     exploits = donor != jnp.arange(num_members)
     after = {name: jnp.where(exploits, v, before[name]) for name, v in explored.items()}
-    # The copy starts an empty window (and keeps its envs' episodes under way): its mean
-    # return, its rank at the next round and whether it solved then count only episodes it
-    # played itself, never the donor's. Copying the window let a whole population "solve"
-    # the moment its bottom members copied solved donors.
-    episodes = episodes.replace(count=jnp.where(exploits, 0, episodes.count))
+    # The copy starts an empty window (and keeps its envs' episodes under way and its episode
+    # count): its mean return, its rank at the next round and whether it solved then count
+    # only episodes it played itself, never the donor's. Copying the window let a whole
+    # population "solve" the moment its bottom members copied solved donors.
+    episodes = episodes.replace(
+        window_start=jnp.where(exploits, episodes.count, episodes.window_start))
     return (set_hparams(copied, after), episodes,
             PBTEvent(jnp.asarray(True), donor, score, before, after))
 
@@ -459,10 +463,12 @@ class Population:
         learner_steps = np.asarray(jax.device_get(self.state.train.step))
         out = []
         for m in range(self.num_members):
-            count = int(episodes.count[m])
+            count, start = int(episodes.count[m]), int(episodes.window_start[m])
             out.append(CounterSnapshot(
                 env_steps=env_steps, learner_steps=int(learner_steps[m]), episodes=count,
-                returns=tuple(float(r) for r in window_in_order(episodes.returns[m], count)),
-                lengths=tuple(int(n) for n in window_in_order(episodes.lengths[m], count)),
+                returns=tuple(float(r) for r in
+                              window_in_order(episodes.returns[m], count, start)),
+                lengths=tuple(int(n) for n in
+                              window_in_order(episodes.lengths[m], count, start)),
                 elapsed_s=elapsed_s, resumes=resumes))
         return out

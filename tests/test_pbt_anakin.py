@@ -20,8 +20,11 @@ from tests.test_anakin import CARTPOLE, small_ppo_anakin  # noqa: E402
 from trellis.agents.common import get_hparams, set_hparams  # noqa: E402
 from trellis.builders import anakin as anakin_module  # noqa: E402
 from trellis.builders.anakin import (  # noqa: E402
+    Episodes,
     exploit_and_explore,
     explore,
+    track_episodes,
+    window_in_order,
     window_means,
 )
 from trellis.builders.pbt import Dimension, PBTConfig, PopulationPBT, quantile_size  # noqa: E402
@@ -102,7 +105,9 @@ def test_exploit_copies_the_donors_state_exactly(population4):
     for name in ("params", "opt_state", "key", "step"):
         assert _leaves_equal(getattr(got_train, name), getattr(donor_train, name)), name
     assert int(train.step[2]) == int(population.train.step[3]) == 8
-    assert int(episodes.count[2]) == 0 and int(population.episodes.count[2]) > 0
+    count = int(population.episodes.count[2])
+    assert count > 0 and int(episodes.count[2]) == count  # Its episodes stay counted.
+    assert int(episodes.window_start[2]) == count  # Its window starts empty.
     assert np.isneginf(np.asarray(window_means(episodes))[2])  # Ranks last until it plays.
     # The episodes under way in its envs stay its own.
     np.testing.assert_array_equal(episodes.episode_return[2],
@@ -153,6 +158,23 @@ def test_quantiles_are_counted_as_tune_counts_them(members, fraction, size):
 def test_window_means_rank_members_without_episodes_last(population4):
     episodes = population4.episodes.replace(count=jnp.asarray([0, 2, 9, 4], jnp.int32))
     np.testing.assert_array_equal(window_means(episodes), [-np.inf, 20.0, 1.0, 40.0])
+
+
+def test_a_restarted_window_holds_only_the_episodes_after_it():
+    """One env ends 7 episodes of returns 1..7 in a window of 4; the window restarted after
+    the 5th: it holds 6 and 7, in the ring buffer's slots 1 and 2, and the count stays 7."""
+    episodes = Episodes.zeros(1, 4)
+    for i in range(7):
+        if i == 5:
+            episodes = episodes.replace(window_start=episodes.count)
+        no, yes = jnp.asarray([False]), jnp.asarray([True])
+        episodes = track_episodes(episodes, jnp.zeros(1), no, yes)  # First step: return 0.
+        episodes = track_episodes(episodes, jnp.asarray([float(i + 1)]), yes, no)
+    assert int(episodes.count) == 7
+    np.testing.assert_array_equal(
+        window_in_order(np.asarray(episodes.returns), 7, int(episodes.window_start)), [6, 7])
+    np.testing.assert_array_equal(window_in_order(np.asarray(episodes.returns), 7), [4, 5, 6, 7])
+    assert float(window_means(episodes)) == 6.5
 
 
 def test_run_py_pbt_compiles_nothing_per_round_and_logs_exploits(tmp_path, capsys,
