@@ -10,6 +10,7 @@ agent is its networks, losses and update, a learner made of `DataParallelLearner
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -400,13 +401,19 @@ class DataParallelLearner:
         self.init, self.make_update = init, make_update
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
-        self._state = jax.jit(init, out_shardings=replicated)(key)
+        self._key = key
         self._update = jax.jit(
             make_update(self.mesh),
             in_shardings=(replicated, self._batch_sharding),
             # No donation: inference may still be reading the params published last step.
             out_shardings=(replicated, replicated),
         )
+
+    @functools.cached_property
+    def _state(self) -> Any:
+        # Made at first use: the anakin platform keeps only the pure pieces and never needs
+        # it (a second or so of compiling at its start). Assignments replace it.
+        return jax.jit(self.init, out_shardings=self._replicated)(self._key)
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """One update on a host batch; returns the metrics as device scalars."""

@@ -19,7 +19,8 @@ AGENTS = {
 
 
 def agent_module(name: str) -> Any:
-    """The agent's package (with `Builder` and `Config`).
+    """The agent's package (with `Builder` and `Config`, and `PLATFORM_DEFAULTS` where some
+    platform changes its defaults).
 
     Raises:
       ValueError: unknown agent, naming the valid ones.

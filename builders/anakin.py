@@ -395,8 +395,34 @@ def play_episodes(env: Any, policy: Callable, params: Any, initial_state: Mappin
 # --- The population on the devices -------------------------------------------------------
 
 
+def population_mesh(num_members: int, devices: Sequence[jax.Device]) -> Mesh:
+    """The devices a population of `num_members` runs on, axis "data".
+
+    Members are split whole over the largest number of the devices that divides them (no
+    gradient crosses devices). A lone member on accelerators splits its env batch over all of
+    them instead, data-parallel as the learner is; on CPUs it stays on one: CPU devices are
+    threads of one host (`use_cpu_cores`), where splitting one member's small steps costs far
+    more in synchronisation than it gains (72,000 against 1.2M env steps/s on 2 cores,
+    docs/benchmarks.md).
+    """
+    devices = list(devices)
+    if num_members == 1 and devices[0].platform != "cpu":
+        return Mesh(np.array(devices), ("data",))
+    count = max(d for d in range(1, len(devices) + 1) if num_members % d == 0)
+    return Mesh(np.array(devices[:count]), ("data",))
+
+
+def shards_members(num_members: int, mesh: Mesh) -> bool:
+    """Whether `mesh` holds whole members ([M, ...] split on M) rather than splitting each
+    member's env batch."""
+    return mesh.size > 1 and num_members % mesh.size == 0
+
+
 def _sharding_of(mesh: Mesh, state: MemberState) -> Any:
-    """Per-env leaves [M, B, ...] sharded over the mesh on B; the rest replicated."""
+    """Whole members ([M, ...] split on M) over the mesh (`shards_members`); otherwise per-env
+    leaves [M, B, ...] split on B and the rest replicated."""
+    if shards_members(state.key.shape[0], mesh):
+        return jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec("data")), state)
     replicated = NamedSharding(mesh, PartitionSpec())
     per_env = NamedSharding(mesh, PartitionSpec(None, "data"))
     env_sharded = (state.env, state.pending, state.policy_state,
@@ -413,7 +439,8 @@ class Population:
     """M members of an `Anakin` program, compiled once, stepped by the host.
 
     Args:
-      anakin: the program's functions; its `update` is built for `mesh`.
+      anakin: the program's functions; its `update` is built for `mesh`, or for no mesh when
+        the members are sharded over it (`shards_members`).
       mesh: the local devices, axis "data" (the env batch is sharded over it).
       keys: [M] member keys.
       hparams: {name: [M] values} the members start with (others: the config's).

@@ -8,7 +8,7 @@ program graph; `launch` says where that graph runs. A builder knows nothing of p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -134,4 +134,7 @@ class Builder(Protocol):
         """
         ...
 
-    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array) -> Learner: ...
+    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array,
+                     devices: Sequence[jax.Device] | None = None) -> Learner:
+        """The learner on `devices` (default: all local devices)."""
+        ...

@@ -5,14 +5,17 @@ anakin platform (builders/anakin.py), with the Gymnasium path's step conventions
 
 Nothing heavy at import time: envs/factory.py imports this module, and run.py imports that in
 every node process, where env workers must not load JAX. gymnax is an optional dependency
-(`pip install -e ".[gymnax]"`) imported only when a gymnax env is built: it loads matplotlib,
-seaborn and scipy, seconds that a Gymnasium run need not pay.
+(`pip install -e ".[gymnax]"`) imported only when a gymnax env is built, without the
+rendering libraries its envs import (`_Deferred`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import sys
+import types
 from typing import Any
 
 import gymnasium
@@ -31,12 +34,32 @@ def is_gymnax_id(env_id: str) -> bool:
     return env_id.startswith(PREFIX)
 
 
+# What gymnax's envs import at their top only to render: seaborn (with pandas and scipy.stats)
+# and pyplot take 1-2 s of a run whose training takes half a second (docs/anakin.md).
+_RENDERING_ONLY = ("seaborn", "matplotlib.pyplot")
+
+
+class _Deferred(types.ModuleType):
+    """Stands in for a module while gymnax is imported; the real one loads at first use."""
+
+    def __getattr__(self, name: str) -> Any:
+        if sys.modules.get(self.__name__) is self:  # Used during the import itself.
+            raise AttributeError(f"{self.__name__} is deferred while gymnax is imported")
+        return getattr(importlib.import_module(self.__name__), name)
+
+
 def _gymnax():
+    stand_ins = {name: _Deferred(name) for name in _RENDERING_ONLY if name not in sys.modules}
+    sys.modules.update(stand_ins)
     try:
         import gymnax
     except ImportError as e:
         raise GymnaxUnavailableError(
             "gymnax envs need the gymnax package: pip install -e '.[gymnax]'") from e
+    finally:
+        for name, module in stand_ins.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
     return gymnax
 
 

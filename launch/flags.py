@@ -414,13 +414,12 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
       UsageError: bad input, one line naming the setting and what is allowed.
       SystemExit: after printing --help.
     """
-    options = {s.name: s for s in settings(RunOptions)}
-    given, _ = _given(_parser(prog, "", [("", RunOptions)], add_help=False), argv, options)
-    base, origin = _base(given)
+    given, base, origin = _options(argv, prog)
     agent = given.get("agent", base.get("agent", RunOptions.agent))
     if agent not in AGENTS:
         where = origin.get("agent", "--") if "agent" not in given else "--"
-        raise UsageError(f"{where}agent must be {_requirement(options['agent'])}, got {agent!r}")
+        raise UsageError(f"{where}agent must be {_requirement(_setting(RunOptions, 'agent'))}, "
+                         f"got {agent!r}")
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
 
@@ -440,12 +439,15 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     origin.update(dict.fromkeys(given, "--"))
     values = {"env": RunOptions.env, "stop_at_return": AUTO, **(defaults or {}), **base,
               **given}
+    platform = values.get("platform", RunOptions.platform)
+    # Below everything else: the agent's own defaults for the platform (e.g. PPO on anakin).
+    values = {**getattr(agent_module(agent), "PLATFORM_DEFAULTS", {}).get(platform, {}),
+              **values}
     try:
         env_factory = make_env_factory(values["env"])
         env_factory.validate()
     except UnknownEnvError as e:
         raise UsageError(str(e)) from None
-    platform = values.get("platform", RunOptions.platform)
     if env_factory.jax_native and platform != ANAKIN:
         raise UsageError(f"--env={values['env']} is written in JAX: it runs with "
                          f"--platform={ANAKIN}, not {platform}")
@@ -455,6 +457,28 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     run = _build(values, origin, agent_config)
     run.population_hparams()  # Its errors here, before anything starts.
     return run
+
+
+def platform_of(argv: Sequence[str]) -> str:
+    """The platform `argv` names (on the command line, in its --config file or its --resume
+    run), read before anything imports JAX; bad input is left for `parse` to report."""
+    try:
+        given, base, _ = _options(argv, "run.py")
+    except UsageError:
+        return RunOptions.platform
+    return given.get("platform", base.get("platform", RunOptions.platform))
+
+
+def _setting(cls: type, name: str) -> Any:
+    return next(s for s in settings(cls) if s.name == name)
+
+
+def _options(argv: Sequence[str], prog: str
+             ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """The command line's options given in `argv`, and `_base`'s settings and origins."""
+    options = {s.name: s for s in settings(RunOptions)}
+    given, _ = _given(_parser(prog, "", [("", RunOptions)], add_help=False), argv, options)
+    return (given, *_base(given))
 
 
 def _base(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:

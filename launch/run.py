@@ -29,7 +29,7 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 from trellis.agents.registry import agent_module  # noqa: E402
 from trellis.builders.rundir import new_run_dir  # noqa: E402
 from trellis.envs import make_env_factory  # noqa: E402
-from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse  # noqa: E402
+from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse, platform_of  # noqa: E402
 from trellis.reverb_tables import reverb_available  # noqa: E402
 
 
@@ -92,6 +92,10 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: parses `argv` (default: sys.argv), trains; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if platform_of(argv) == ANAKIN:  # Before parsing: a gymnax id's check starts JAX.
+        from trellis.builders.anakin_run import use_cpu_cores
+
+        use_cpu_cores()
     try:
         run = parse(argv, prog="run.py", description=__doc__.splitlines()[0])
     except UsageError as e:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 
@@ -56,6 +58,7 @@ class DQNBuilder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: DQNNetworks, spec: EnvSpec, key: jax.Array) -> Learner:
+    def make_learner(self, networks: DQNNetworks, spec: EnvSpec, key: jax.Array,
+                     devices: Sequence[jax.Device] | None = None) -> Learner:
         return Learner(networks, self.config, key,
-                       obs_spec=(spec.observation_shape, spec.observation_dtype))
+                       obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +49,7 @@ class ImpalaBuilder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: ImpalaNetworks, spec: EnvSpec, key: jax.Array) -> Learner:
+    def make_learner(self, networks: ImpalaNetworks, spec: EnvSpec, key: jax.Array,
+                     devices: Sequence[jax.Device] | None = None) -> Learner:
         del spec  # The networks already know the shapes.
-        return Learner(networks, self.config, key)
+        return Learner(networks, self.config, key, devices=devices)

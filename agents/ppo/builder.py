@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 
 from trellis.agents.common import AgentBuilder
@@ -57,6 +59,7 @@ class PPOBuilder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: PPONetworks, spec: EnvSpec, key: jax.Array) -> Learner:
+    def make_learner(self, networks: PPONetworks, spec: EnvSpec, key: jax.Array,
+                     devices: Sequence[jax.Device] | None = None) -> Learner:
         del spec  # The networks already know the shapes.
-        return Learner(networks, self.config, key)
+        return Learner(networks, self.config, key, devices=devices)

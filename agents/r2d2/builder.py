@@ -3,7 +3,7 @@ spec."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -85,10 +85,11 @@ class R2D2Builder(AgentBuilder):
         return policy
 
     def make_learner(self, networks: R2D2Networks, spec: EnvSpec, key: jax.Array,
-                     replay: Any = None) -> Learner:
+                     devices: Sequence[jax.Device] | None = None, replay: Any = None
+                     ) -> Learner:
         """Raises ValueError without `replay`, the client of the replay node's table."""
         del spec
         if replay is None:
             raise ValueError(f"R2D2 learns from the replay table {TABLE!r}: make_learner needs "
                              f"replay=<a client of the replay node holding it>")
-        return Learner(networks, self.config, key, replay, TABLE)
+        return Learner(networks, self.config, key, replay, TABLE, devices=devices)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 
 from trellis.agents.common import AgentBuilder
@@ -41,6 +43,7 @@ class SACBuilder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: SACNetworks, spec: EnvSpec, key: jax.Array) -> Learner:
+    def make_learner(self, networks: SACNetworks, spec: EnvSpec, key: jax.Array,
+                     devices: Sequence[jax.Device] | None = None) -> Learner:
         return Learner(networks, self.config, key,
-                       obs_spec=(spec.observation_shape, spec.observation_dtype))
+                       obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)
