@@ -1,17 +1,19 @@
 """PPO on CartPole-v1 with the anakin platform (gymnax) against local_mp (Gymnasium).
 
 Usage: python benchmarks/anakin.py [--seeds 0,1,2] [--target 450] [--num_seeds 1,8,64]
-       [--population_env_steps 300000] [--steady_env_steps 3000000] [--no_local_mp]
+       [--population_env_steps 500000] [--steady_env_steps 5000000] [--repeats 3]
+       [--no_local_mp]
 
 Every figure comes from `launch/run.py` started as a user starts it (process start, imports
 and compilation included), read back from its summary.json:
   (a) wall time from launch to mean return TARGET, per seed: the first run with an empty
       compilation cache (cold), then each seed with the cache it left (warm), median of those;
-  (b) steady-state env steps/s of learning (after the first compiled call), from a run to a
-      fixed budget with no return target;
-  (c) populations of N members (--num_seeds=N) to a budget of env steps per member: aggregate
-      steady env steps/s, its ratio to N = 1, and the fraction of members whose last
-      `return_window` episodes average at least TARGET at the end;
+  (b) steady-state env steps/s of learning (after the first compiled call), from runs to a
+      fixed budget with no target (median of --repeats runs: a shared machine's speed varies);
+  (c) populations of N members (--num_seeds=N) to TARGET, at most a budget of env steps per
+      member: aggregate steady env steps/s (median of --repeats runs), its ratio to (b)'s,
+      and the fraction of members whose last `return_window` episodes average at least
+      TARGET at the end;
   (d) the same agent on Gymnasium's CartPole-v1 with --platform=local_mp, to TARGET.
 Prints a table, then one JSON line.
 """
@@ -51,9 +53,11 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--target", type=float, default=450.0)
     p.add_argument("--num_seeds", default="1,8,64", help="population sizes for (c)")
-    p.add_argument("--population_env_steps", type=int, default=300_000,
+    p.add_argument("--population_env_steps", type=int, default=500_000,
                    help="(c): env-step budget per member")
-    p.add_argument("--steady_env_steps", type=int, default=3_000_000, help="(b): budget")
+    p.add_argument("--steady_env_steps", type=int, default=5_000_000, help="(b): budget")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of (b) and of each (c), whose medians are compared")
     p.add_argument("--no_local_mp", action="store_true", help="skip (d)")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -84,17 +88,25 @@ def main() -> None:
             "cold": cold, "warm": warm,
             "median_warm_wall_time_s": statistics.median(r["wall_time_s"] for r in warm),
             "solved": f"{sum(r['stopped_by'] == 'return_target' for r in warm)}/{len(warm)}"}
-        out["steady"] = row("(b) steady, 1 seed", anakin(
+        steady = [row(f"(b) steady, 1 seed, run {i + 1}", anakin(
             runs, "--stop_at_return=none", f"--total_env_steps={args.steady_env_steps}"))
+            for i in range(args.repeats)]
+        base = statistics.median(r["steady_env_steps_per_s"] for r in steady)
+        out["steady"] = {"runs": steady, "median_steady_env_steps_per_s": base}
         population = {}
         for n in (int(x) for x in args.num_seeds.split(",")):
-            population[n] = row(f"(c) --num_seeds={n}", anakin(
+            runs_n = [row(f"(c) --num_seeds={n}, run {i + 1}", anakin(
                 runs, f"--num_seeds={n}", target,
                 f"--total_env_steps={args.population_env_steps}"))
-        base = population.get(1, {}).get("steady_env_steps_per_s")
-        for r in population.values():
-            r["speedup_vs_1"] = r["steady_env_steps_per_s"] / base if base else None
+                for i in range(args.repeats)]
+            median = statistics.median(r["steady_env_steps_per_s"] for r in runs_n)
+            population[n] = {"runs": runs_n, "median_steady_env_steps_per_s": median,
+                             "speedup_vs_1": median / base}
         out["population"] = population
+        print(f"(b) median steady env steps/s of one seed: {base:,.0f}; (c) median aggregate "
+              "steady env steps/s, and its ratio to (b): " + ", ".join(
+                  f"N={n}: {r['median_steady_env_steps_per_s']:,.0f} ({r['speedup_vs_1']:.2f}x)"
+                  for n, r in population.items()), flush=True)
         if not args.no_local_mp:  # Beside the anakin runs: the same compilation cache.
             out["local_mp_gymnasium"] = [row(f"(d) local_mp Gymnasium, seed {seed}",
                                              run(runs, "--platform=local_mp", "--env=CartPole-v1",

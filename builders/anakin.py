@@ -402,8 +402,7 @@ def population_mesh(num_members: int, devices: Sequence[jax.Device]) -> Mesh:
     gradient crosses devices). A lone member on accelerators splits its env batch over all of
     them instead, data-parallel as the learner is; on CPUs it stays on one: CPU devices are
     threads of one host (`use_cpu_cores`), where splitting one member's small steps costs far
-    more in synchronisation than it gains (72,000 against 1.2M env steps/s on 2 cores,
-    docs/benchmarks.md).
+    more in synchronisation than it gains (docs/benchmarks.md).
     """
     devices = list(devices)
     if num_members == 1 and devices[0].platform != "cpu":

@@ -56,7 +56,7 @@ class PopulationSettings:
 
     num_seeds: int = 1
     hparams: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
-    updates_per_call: int = 8
+    updates_per_call: int = 32
     pbt: PopulationPBT | None = None
 
 
@@ -66,9 +66,9 @@ def use_cpu_cores() -> None:
 
     XLA's default on a CPU is one device that splits each operation over a thread pool: for
     the anakin program's many small operations the threads' synchronisation costs more than
-    they gain (one member: 980,000 env steps/s on 2 cores, 1.67M pinned to one). One device
-    per core runs whole members side by side instead (`population_mesh`). No effect on GPUs
-    and TPUs, where the CPU devices hold nothing.
+    they gain. One device per core runs whole members side by side instead
+    (`population_mesh`; docs/anakin.md, figures in docs/benchmarks.md). No effect on GPUs and
+    TPUs, where the CPU devices hold nothing.
     """
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:

@@ -88,7 +88,7 @@ class RunOptions(Config):
         "or one for all) or NAME=LOW:HIGH (log-uniform per member), several joined by ';', "
         "e.g. learning_rate=1e-3:1e-2;entropy_cost=0.01")
     updates_per_call: int = setting(
-        8, "anakin: updates per compiled call; between calls the host logs, checkpoints and "
+        32, "anakin: updates per compiled call; between calls the host logs, checkpoints and "
         "checks the stop rule", ge=1)
     pbt: bool = setting(
         False, "anakin: population-based training of the members inside the program, "
