@@ -15,13 +15,14 @@ a resumed run; `members` lists each member's result.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -60,9 +61,12 @@ class PopulationSettings:
     pbt: PopulationPBT | None = None
 
 
-def use_cpu_cores() -> None:
-    """Has JAX's CPU backend, if it starts after this call, make one device of each usable
-    core, each running its programs on one thread, unless XLA_FLAGS already says otherwise.
+@contextlib.contextmanager
+def use_cpu_cores() -> Iterator[None]:
+    """Inside, JAX's CPU backend, if it starts there, makes one device of each usable core,
+    each running its programs on one thread, unless XLA_FLAGS already says otherwise. XLA_FLAGS
+    is restored on leaving: the backend keeps its devices, and processes started afterwards do
+    not inherit the flags.
 
     XLA's default on a CPU is one device that splits each operation over a thread pool: for
     the anakin program's many small operations the threads' synchronisation costs more than
@@ -70,12 +74,20 @@ def use_cpu_cores() -> None:
     (`population_mesh`; docs/anakin.md, figures in docs/benchmarks.md). No effect on GPUs and
     TPUs, where the CPU devices hold nothing.
     """
-    flags = os.environ.get("XLA_FLAGS", "")
+    previous = os.environ.get("XLA_FLAGS")
+    flags = previous or ""
     if "xla_force_host_platform_device_count" not in flags:
         flags += f" --xla_force_host_platform_device_count={len(os.sched_getaffinity(0))}"
     if "xla_cpu_multi_thread_eigen" not in flags:
         flags += " --xla_cpu_multi_thread_eigen=false"
     os.environ["XLA_FLAGS"] = flags.strip()
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["XLA_FLAGS"]
+        else:
+            os.environ["XLA_FLAGS"] = previous
 
 
 def seconds_since_process_start() -> float | None:

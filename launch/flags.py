@@ -339,7 +339,11 @@ def read_file(path: str) -> dict[str, Any]:
                          f"{', '.join(sections)} (and {RUN_RECORD}, ignored)")
     flat: dict[str, Any] = {}
     for section in sections:
-        flat.update(data.get(section) or {})
+        values = data.get(section) or {}
+        if not isinstance(values, dict):
+            raise UsageError(f"{path}: section {section!r} must map setting names to values, "
+                             f"got {type(values).__name__}")
+        flat.update(values)
     return flat
 
 

@@ -12,6 +12,7 @@ Every field of the experiment's and the agent's config is a flag (launch/flags.p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import types
@@ -92,16 +93,18 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: parses `argv` (default: sys.argv), trains; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if platform_of(argv) == ANAKIN:  # Before parsing: a gymnax id's check starts JAX.
+    cores = contextlib.nullcontext()
+    if platform_of(argv) == ANAKIN:
         from trellis.builders.anakin_run import use_cpu_cores
 
-        use_cpu_cores()
-    try:
-        run = parse(argv, prog="run.py", description=__doc__.splitlines()[0])
-    except UsageError as e:
-        print(f"run.py: error: {e}", file=sys.stderr)
-        return 2
-    return train(run, argv)
+        cores = use_cpu_cores()
+    with cores:  # Entered before parsing: checking a gymnax id starts JAX.
+        try:
+            run = parse(argv, prog="run.py", description=__doc__.splitlines()[0])
+        except UsageError as e:
+            print(f"run.py: error: {e}", file=sys.stderr)
+            return 2
+        return train(run, argv)
 
 
 if __name__ == "__main__":

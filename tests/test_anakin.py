@@ -332,13 +332,14 @@ print(json.dumps({"params": [np.asarray(x).ravel().tolist()
                              for x in jax.tree.leaves(population.state.train.params)],
                   "loss": float(np.mean(metrics["loss"])),
                   "shards": len(obs.sharding.device_set),
-                  "env_shard_rows": obs.addressable_shards[0].data.shape[1]}))
+                  "member_shard_rows": obs.addressable_shards[0].data.shape[0]}))
 """
 
 
 @pytest.mark.slow
-def test_env_batch_is_sharded_over_devices_with_the_same_numbers():
-    """On 2 devices each holds half of every member's envs; params and loss are those of 1."""
+def test_members_are_split_over_devices_with_the_same_numbers():
+    """On 2 devices each holds one of the 2 members whole; params and loss are those of 1."""
     result = {str(n): run_with_cpu_devices(_DEVICES_SCRIPT, n, timeout=600) for n in (1, 2)}
-    assert result["2"]["env_shard_rows"] == 4 and result["1"]["env_shard_rows"] == 8
+    assert result["2"]["shards"] == 2 and result["1"]["shards"] == 1
+    assert result["2"]["member_shard_rows"] == 1 and result["1"]["member_shard_rows"] == 2
     assert_devices_match(result)

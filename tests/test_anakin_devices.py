@@ -169,25 +169,28 @@ def test_members_split_over_devices_compute_what_one_device_computes(four_device
 # --- use_cpu_cores -------------------------------------------------------------------------
 
 
-def test_use_cpu_cores_adds_both_flags_when_xla_flags_is_empty(monkeypatch):
+def test_use_cpu_cores_adds_both_flags_when_xla_flags_is_empty_and_restores_it(monkeypatch):
     cores = len(os.sched_getaffinity(0))
     expected = [f"--xla_force_host_platform_device_count={cores}",
                 "--xla_cpu_multi_thread_eigen=false"]
     monkeypatch.setenv("XLA_FLAGS", "")
-    use_cpu_cores()
-    assert os.environ["XLA_FLAGS"].split() == expected
+    with use_cpu_cores():
+        assert os.environ["XLA_FLAGS"].split() == expected
+    assert os.environ["XLA_FLAGS"] == ""
     monkeypatch.delenv("XLA_FLAGS")
-    use_cpu_cores()
-    assert os.environ["XLA_FLAGS"].split() == expected
+    with use_cpu_cores():
+        assert os.environ["XLA_FLAGS"].split() == expected
+    assert "XLA_FLAGS" not in os.environ
 
 
 def test_use_cpu_cores_counts_the_usable_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
-    use_cpu_cores()
-    assert os.environ["XLA_FLAGS"].split() == [
-        "--xla_dump_to=/tmp/x", "--xla_force_host_platform_device_count=3",
-        "--xla_cpu_multi_thread_eigen=false"]
+    with use_cpu_cores():
+        assert os.environ["XLA_FLAGS"].split() == [
+            "--xla_dump_to=/tmp/x", "--xla_force_host_platform_device_count=3",
+            "--xla_cpu_multi_thread_eigen=false"]
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
 
 
 @pytest.mark.parametrize("own, added", [
@@ -197,16 +200,16 @@ def test_use_cpu_cores_counts_the_usable_cores(monkeypatch):
 def test_use_cpu_cores_keeps_the_users_own_settings(own, added, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setenv("XLA_FLAGS", own)
-    use_cpu_cores()
-    assert os.environ["XLA_FLAGS"].split() == [own, added]
+    with use_cpu_cores():
+        assert os.environ["XLA_FLAGS"].split() == [own, added]
     monkeypatch.setenv("XLA_FLAGS", f"{own} {added}")  # Both given: nothing added.
-    use_cpu_cores()
-    assert os.environ["XLA_FLAGS"].split() == [own, added]
+    with use_cpu_cores():
+        assert os.environ["XLA_FLAGS"].split() == [own, added]
 
 
 def test_use_cpu_cores_before_jax_starts_gives_a_device_per_core():
     script = ("import os\nfrom trellis.builders.anakin_run import use_cpu_cores\n"
-              "use_cpu_cores()\nimport jax\n"
+              "with use_cpu_cores():\n    import jax\n    jax.devices()\n"
               "print(len(jax.devices()), len(os.sched_getaffinity(0)))")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -217,19 +220,28 @@ def test_use_cpu_cores_before_jax_starts_gives_a_device_per_core():
 
 
 def test_run_main_uses_the_cores_only_for_anakin(monkeypatch, tmp_path):
-    """run.py sets XLA_FLAGS when the platform is anakin (a flag or its --config file),
-    before it parses (here the parse fails: a Gymnasium env on anakin)."""
+    """run.py sets XLA_FLAGS while it parses and trains when the platform is anakin (a flag or
+    its --config file), and restores it when it returns (here the parse fails: a Gymnasium
+    env on anakin)."""
+    seen = []
+    parse = run.parse
+
+    def parse_seeing_flags(argv, **kwargs):
+        seen.append(os.environ["XLA_FLAGS"])
+        return parse(argv, **kwargs)
+
+    monkeypatch.setattr(run, "parse", parse_seeing_flags)
     monkeypatch.setenv("XLA_FLAGS", "")
     assert run.main(["--agent=ppo", "--platform=local_mp", "--num_seeds=x"]) == 2
-    assert os.environ["XLA_FLAGS"] == ""
     assert run.main(["--agent=ppo", "--platform=anakin", "--env=CartPole-v1",
                      f"--logdir={tmp_path / 'a'}"]) == 2
-    assert "--xla_force_host_platform_device_count=" in os.environ["XLA_FLAGS"]
-    assert "--xla_cpu_multi_thread_eigen=false" in os.environ["XLA_FLAGS"]
-    monkeypatch.setenv("XLA_FLAGS", "")
     (tmp_path / "anakin.yaml").write_text("agent: ppo\nplatform: anakin\nenv: CartPole-v1\n")
     assert run.main([f"--config={tmp_path / 'anakin.yaml'}", f"--logdir={tmp_path / 'b'}"]) == 2
-    assert "--xla_cpu_multi_thread_eigen=false" in os.environ["XLA_FLAGS"]
+    assert seen[0] == ""
+    for flags_seen in seen[1:]:
+        assert "--xla_force_host_platform_device_count=" in flags_seen
+        assert "--xla_cpu_multi_thread_eigen=false" in flags_seen
+    assert len(seen) == 3 and os.environ["XLA_FLAGS"] == ""
 
 
 # --- platform_of ---------------------------------------------------------------------------
@@ -298,15 +310,13 @@ def test_platform_of_bad_input_gives_the_default(case, tmp_path):
     assert flags.platform_of(argv) == flags.RunOptions.platform
 
 
-@pytest.mark.xfail(strict=True, raises=(TypeError, ValueError), reason=(
-    "read_file: a sectioned settings file whose section is not a mapping raises "
-    "TypeError/ValueError (flat.update), not UsageError; platform_of lets it through, so "
-    "run.py ends in a traceback before parse"))
 @pytest.mark.parametrize("content", ['{"command_line": "anakin", "experiment": {}}',
                                      '{"experiment": [1, 2], "agent_config": {}}'])
 def test_platform_of_bad_section_gives_the_default(content, tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(content)
+    with pytest.raises(flags.UsageError, match="must map setting names"):
+        flags.parse([f"--config={path}"])
     assert flags.platform_of([f"--config={path}"]) == flags.RunOptions.platform
 
 
