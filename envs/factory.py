@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 
 from trellis.envs import cartpole_novel, popgym_envs
+from trellis.envs.brax_envs import BraxFactory, is_brax_id
 from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
@@ -41,11 +42,15 @@ def _adapters(env_id: str) -> list:
     return [adapt for prefix, adapt in _ADAPTERS.items() if env_id.startswith(prefix)]
 
 
-def make_env_factory(env_id: str) -> EnvFactory | GymnaxFactory | EnvpoolFactory:
-    """The factory for an id: "gymnax:ID" gives gymnax's env (JAX, for --platform=anakin),
-    "envpool:ID" batches of envpool's envs for env workers, anything else a Gymnasium id."""
+def make_env_factory(env_id: str
+                     ) -> EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory:
+    """The factory for an id: "gymnax:ID" and "brax:NAME" give gymnax's and Brax's envs (JAX,
+    for --platform=anakin), "envpool:ID" batches of envpool's envs for env workers, anything
+    else a Gymnasium id."""
     if is_gymnax_id(env_id):
         return GymnaxFactory(env_id)
+    if is_brax_id(env_id):
+        return BraxFactory(env_id)
     if is_envpool_id(env_id):
         return EnvpoolFactory(env_id)
     return EnvFactory(env_id)

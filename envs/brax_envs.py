@@ -1,0 +1,123 @@
+"""Brax environments: `--env=brax:inverted_pendulum` names Brax's inverted_pendulum.
+
+`BraxFactory.make` gives a `JaxEnv` (envs/jax_env.py), as gymnax ids do, for the anakin
+platform: `GymnaxView` shows a Brax env through the three functions `JaxEnv` calls, so the
+step conventions (next-step autoreset, `terminated` apart from `truncated`) are the same code.
+Brax envs have no time limit of their own (Brax's training wrappers add one); here an episode
+is truncated after `episode_length` steps (1,000, as in Brax's and Gymnasium's MuJoCo tasks).
+Actions are in [-1, 1] on every dimension; the physics backend is each env's default.
+
+Nothing heavy at import time (see envs/gymnax_envs.py): brax is an optional dependency
+(`pip install -e ".[brax]"`), imported when a Brax env is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import io
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from trellis.envs.errors import UnknownEnvError
+from trellis.envs.specs import EnvSpec, spec_from_spaces
+
+PREFIX = "brax:"
+EPISODE_LENGTH = 1000
+
+
+class BraxUnavailableError(UnknownEnvError):
+    """brax is not installed."""
+
+
+def is_brax_id(env_id: str) -> bool:
+    return env_id.startswith(PREFIX)
+
+
+def _brax_envs():
+    try:
+        # MuJoCo prints a line when its optional `warp` backend is missing; not ours to show.
+        with contextlib.redirect_stdout(io.StringIO()):
+            from brax import envs
+    except ImportError as e:
+        raise BraxUnavailableError(
+            "Brax envs need the brax package: pip install -e '.[brax]'") from e
+    return envs
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimit:
+    """The one env parameter `GymnaxView` reads, as gymnax names it."""
+
+    max_steps_in_episode: int = EPISODE_LENGTH
+
+
+@dataclasses.dataclass(frozen=True)
+class GymnaxView:
+    """A Brax env through gymnax's `reset_env`, `step_env` and `is_truncated`; its state is
+    (Brax's `State`, steps taken in the episode)."""
+
+    env: Any  # brax.envs.Env
+
+    def reset_env(self, key, params: EpisodeLimit):
+        state = self.env.reset(key)
+        return state.obs, (state, np.int32(0))
+
+    def step_env(self, key, inner, action, params: EpisodeLimit):
+        del key  # Brax's physics is deterministic; only resets draw.
+        state, steps = inner
+        state = self.env.step(state, action)
+        return state.obs, (state, steps + 1), state.reward, state.done > 0, {}
+
+    def is_truncated(self, inner, params: EpisodeLimit):
+        return inner[1] >= params.max_steps_in_episode
+
+
+@dataclasses.dataclass(frozen=True)
+class BraxFactory:
+    """Builds Brax envs for one id.
+
+    Attributes:
+      env_id: "brax:" and a Brax env name, e.g. "brax:inverted_pendulum", "brax:ant".
+      episode_length: steps after which an episode is truncated.
+    """
+
+    env_id: str
+    episode_length: int = EPISODE_LENGTH
+
+    jax_native = True  # Stepped inside jitted code, on the anakin platform only.
+
+    @property
+    def brax_name(self) -> str:
+        return self.env_id[len(PREFIX):]
+
+    def validate(self) -> None:
+        """Raises UnknownEnvError (naming close matches) for a name Brax does not register,
+        BraxUnavailableError when brax is not installed."""
+        registered = sorted(_brax_envs()._envs)  # Brax's registry has no public listing.
+        if self.brax_name in registered:
+            return
+        close = difflib.get_close_matches(self.brax_name, registered, n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(PREFIX + c for c in close)}?" if close else ""
+        raise UnknownEnvError(f"unknown env {self.env_id!r}: not a Brax env name.{hint}")
+
+    def make(self):
+        """The env as a `jax_env.JaxEnv`."""
+        from trellis.envs.jax_env import JaxEnv
+
+        self.validate()
+        env = _brax_envs().get_environment(self.brax_name)
+        return JaxEnv(GymnaxView(env), EpisodeLimit(self.episode_length))
+
+    def spec(self) -> EnvSpec:
+        env = self.make().env.env
+        observations = gymnasium.spaces.Box(-np.inf, np.inf, (env.observation_size,), np.float32)
+        actions = gymnasium.spaces.Box(-1.0, 1.0, (env.action_size,), np.float32)
+        return spec_from_spaces(observations, actions)
+
+    def reward_threshold(self) -> float | None:
+        """None: Brax's tasks declare no solved return."""
+        return None
