@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import io
 from typing import Any
 
 import gymnasium
 import numpy as np
 
-from trellis.envs.errors import UnknownEnvError
+from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 PREFIX = "brax:"
@@ -97,12 +96,8 @@ class BraxFactory:
     def validate(self) -> None:
         """Raises UnknownEnvError (naming close matches) for a name Brax does not register,
         BraxUnavailableError when brax is not installed."""
-        registered = sorted(_brax_envs()._envs)  # Brax's registry has no public listing.
-        if self.brax_name in registered:
-            return
-        close = difflib.get_close_matches(self.brax_name, registered, n=5, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(PREFIX + c for c in close)}?" if close else ""
-        raise UnknownEnvError(f"unknown env {self.env_id!r}: not a Brax env name.{hint}")
+        # Brax's registry has no public listing.
+        check_registered(PREFIX, self.brax_name, sorted(_brax_envs()._envs), "a Brax env name")
 
     def make(self):
         """The env as a `jax_env.JaxEnv`."""

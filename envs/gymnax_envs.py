@@ -12,7 +12,6 @@ rendering libraries its envs import (`_Deferred`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import sys
 import types
@@ -20,7 +19,7 @@ from typing import Any
 
 import gymnasium
 
-from trellis.envs.errors import UnknownEnvError
+from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 PREFIX = "gymnax:"
@@ -85,12 +84,7 @@ class GymnaxFactory:
     def validate(self) -> None:
         """Raises UnknownEnvError (naming close matches) for an id gymnax does not register,
         GymnaxUnavailableError when gymnax is not installed."""
-        registered = _gymnax().registered_envs
-        if self.gymnax_id in registered:
-            return
-        close = difflib.get_close_matches(self.gymnax_id, registered, n=5, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(PREFIX + c for c in close)}?" if close else ""
-        raise UnknownEnvError(f"unknown env {self.env_id!r}: not a gymnax id.{hint}")
+        check_registered(PREFIX, self.gymnax_id, _gymnax().registered_envs, "a gymnax id")
 
     def make(self):
         """The env as a `jax_env.JaxEnv` (JAX loaded here, not at import time)."""

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from tests.multidevice import run_with_cpu_devices
+from tests.test_flags import save_run_config
 from tests.test_ppo_learner import CARTPOLE as CARTPOLE_SPEC
 from tests.test_ppo_learner import random_batch
 from trellis.agents.ppo import PLATFORM_DEFAULTS, PPOBuilder, PPOConfig
 from trellis.agents.registry import agent_module
 from trellis.builders.anakin import population_mesh, shards_members
 from trellis.builders.anakin_run import use_cpu_cores
-from trellis.builders.experiment import _write_config
 from trellis.launch import flags, run
 
 needs_gymnax = pytest.mark.skipif(
@@ -247,21 +247,6 @@ def test_run_main_uses_the_cores_only_for_anakin(monkeypatch, tmp_path):
 # --- platform_of ---------------------------------------------------------------------------
 
 
-class _Builder:
-    """What config.json's writer reads of a builder."""
-
-    def __init__(self, config):
-        self.config = config
-
-
-def _save(run_dir, argv):
-    """config.json as run_experiment writes it for the run `argv` describes."""
-    result = flags.parse(argv)
-    _write_config(str(run_dir), _Builder(result.agent), result.experiment,
-                  result.saved_options(), argv, None)
-    return result
-
-
 def test_platform_of_reads_flags_config_files_and_resumed_runs(tmp_path):
     assert flags.RunOptions.platform != "local_mt"  # So that reading it shows.
     assert flags.platform_of(["--agent=ppo", "--platform=anakin"]) == "anakin"
@@ -274,7 +259,7 @@ def test_platform_of_reads_flags_config_files_and_resumed_runs(tmp_path):
     assert flags.platform_of([f"--config={tmp_path / 'a.yaml'}", "--platform=anakin"]) == "anakin"
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    _save(run_dir, ["--agent=ppo", "--platform=local_mt"])
+    save_run_config(run_dir, ["--agent=ppo", "--platform=local_mt"])
     assert flags.platform_of([f"--resume={run_dir}"]) == "local_mt"
     data = json.loads((run_dir / "config.json").read_text())
     data["command_line"]["platform"] = "anakin"
@@ -297,7 +282,7 @@ def test_platform_of_bad_input_gives_the_default(case, tmp_path):
     (tmp_path / "list.yaml").write_text("- platform\n- anakin\n")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    _save(run_dir, ["--agent=ppo", "--platform=local_mt"])
+    save_run_config(run_dir, ["--agent=ppo", "--platform=local_mt"])
     argv = {"no value": ["--platform"],
             "bad int": ["--platform=anakin", "--num_seeds=x"],
             "missing file": [f"--config={tmp_path / 'none.json'}"],
@@ -346,7 +331,7 @@ def test_ppo_on_anakin_gets_the_preset_and_everything_overrides_it(tmp_path):
     # config.json records the values used; a resumed run keeps them, and its flags win.
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    saved = _save(run_dir, [*ANAKIN_PPO, "--num_epochs=3"])
+    saved = save_run_config(run_dir, [*ANAKIN_PPO, "--num_epochs=3"])
     data = json.loads((run_dir / "config.json").read_text())["agent_config"]
     assert data["batch_size"] == 16 and data["num_epochs"] == 3
     assert data["hidden_sizes"] == [32] and data["learning_rate"] == preset["learning_rate"]

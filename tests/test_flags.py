@@ -217,7 +217,7 @@ class _Builder:
         self.config = config
 
 
-def _save(run_dir, argv):
+def save_run_config(run_dir, argv):
     """config.json as run_experiment writes it for the run `argv` describes."""
     result = flags.parse(argv)
     _write_config(str(run_dir), _Builder(result.agent), result.experiment,
@@ -228,7 +228,7 @@ def _save(run_dir, argv):
 def test_config_json_round_trips_through_config(tmp_path):
     argv = ["--agent=ppo", "--platform=local_mt", "--clip_epsilon=0.1", "--hidden_sizes=32,32",
             "--value_clip_epsilon=0.3", "--num_actors=3", "--stop_at_return=none", "--quiet"]
-    saved = _save(tmp_path, argv)
+    saved = save_run_config(tmp_path, argv)
     again = flags.parse([f"--config={tmp_path / 'config.json'}"])
     assert again.options.config == str(tmp_path / "config.json")
     assert dataclasses.replace(again, options=saved.options) == saved
@@ -240,7 +240,7 @@ def test_config_json_round_trips_through_config(tmp_path):
 
 
 def test_resume_rebuilds_the_saved_settings_and_flags_override(tmp_path):
-    saved = _save(tmp_path, ["--agent=dqn", "--epsilon=0.05", "--total_env_steps=5000",
+    saved = save_run_config(tmp_path, ["--agent=dqn", "--epsilon=0.05", "--total_env_steps=5000",
                              "--env=Acrobot-v1"])
     resumed = flags.parse([f"--resume={tmp_path}"])
     assert resumed.agent == saved.agent and resumed.experiment == saved.experiment
@@ -253,6 +253,6 @@ def test_resume_rebuilds_the_saved_settings_and_flags_override(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--agent=impala", "--env=CartPole-v1"])
 def test_resume_cannot_change_agent_or_env(flag, tmp_path, capsys):
-    _save(tmp_path, ["--agent=dqn", "--env=Acrobot-v1"])
+    save_run_config(tmp_path, ["--agent=dqn", "--env=Acrobot-v1"])
     _one_line_error(capsys, [f"--resume={tmp_path}", flag],
                     f"{flag.split('=')[0]} cannot change on --resume")
