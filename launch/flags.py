@@ -409,7 +409,8 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
       argv: the command line's arguments (without the program).
       prog: the program's name in help and errors.
       description: the first line of --help.
-      defaults: settings whose defaults differ for this command line (tune.py's platform).
+      defaults: settings whose defaults differ for this command line (tune.py's platform);
+        the agent's `PLATFORM_DEFAULTS` for the platform lie below them.
 
     Returns:
       The validated settings; with --resume, `options.logdir` is the resumed run's directory.
@@ -426,6 +427,12 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
                          f"got {agent!r}")
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
+    # Below everything given: the agent's own defaults for the platform (e.g. PPO on anakin),
+    # which --help shows too.
+    platform = given.get("platform", base.get("platform", (defaults or {}).get(
+        "platform", RunOptions.platform)))
+    defaults = {**getattr(agent_module(agent), "PLATFORM_DEFAULTS", {}).get(platform, {}),
+                **(defaults or {})}
 
     titles = ("command line", "experiment (ExperimentConfig)",
               f"agent {agent} ({agent_config.__name__})",
@@ -441,12 +448,7 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     if given.get("resume") is not None:
         given["logdir"] = given["resume"]
     origin.update(dict.fromkeys(given, "--"))
-    values = {"env": RunOptions.env, "stop_at_return": AUTO, **(defaults or {}), **base,
-              **given}
-    platform = values.get("platform", RunOptions.platform)
-    # Below everything else: the agent's own defaults for the platform (e.g. PPO on anakin).
-    values = {**getattr(agent_module(agent), "PLATFORM_DEFAULTS", {}).get(platform, {}),
-              **values}
+    values = {"env": RunOptions.env, "stop_at_return": AUTO, **defaults, **base, **given}
     try:
         env_factory = make_env_factory(values["env"])
         env_factory.validate()

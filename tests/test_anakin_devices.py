@@ -354,6 +354,15 @@ def test_impala_on_anakin_has_no_preset():
         == impala.Config()
 
 
+def test_help_shows_the_platforms_defaults(capsys):
+    for argv, batch_size in ((["--agent=ppo", "--platform=anakin"], 16),
+                             (["--agent=ppo", "--platform=local_mp"], 64)):
+        with pytest.raises(SystemExit):
+            flags.parse([*argv, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert f"unrolls per learner step (B) (default: {batch_size};" in help_text
+
+
 # --- gymnax without its rendering libraries -------------------------------------------------
 
 
@@ -465,3 +474,4 @@ def test_restore_into_a_learner_never_used(init_calls):
     assert float(source.state.hparams["entropy_cost"]) == SMALL_PPO.entropy_cost
     with pytest.raises(ValueError, match="cannot restore"):
         target.restore({"params": target.params})
+
