@@ -1,7 +1,7 @@
 """PPO on CartPole-v1 with the anakin platform (gymnax) against local_mp (Gymnasium).
 
 Usage: python benchmarks/anakin.py [--seeds 0,1,2] [--target 450] [--num_seeds 1,8,64]
-       [--population_env_steps 500000] [--steady_env_steps 5000000] [--repeats 3]
+       [--population_env_steps 1000000] [--steady_env_steps 5000000] [--repeats 3]
        [--no_local_mp]
 
 Every figure comes from `launch/run.py` started as a user starts it (process start, imports
@@ -53,7 +53,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--target", type=float, default=450.0)
     p.add_argument("--num_seeds", default="1,8,64", help="population sizes for (c)")
-    p.add_argument("--population_env_steps", type=int, default=500_000,
+    p.add_argument("--population_env_steps", type=int, default=1_000_000,
                    help="(c): env-step budget per member")
     p.add_argument("--steady_env_steps", type=int, default=5_000_000, help="(b): budget")
     p.add_argument("--repeats", type=int, default=3,
