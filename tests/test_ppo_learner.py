@@ -56,6 +56,27 @@ def test_one_update_changes_params_with_finite_metrics():
     assert metrics["entropy"] > 0.6  # Near log(2): the small policy init starts near uniform.
 
 
+
+def test_one_minibatch_takes_one_step_on_the_whole_batch_in_any_order():
+    """With one minibatch the update skips the shuffle: one Adam step on all T * B transitions,
+    so the env order in the batch does not matter; two minibatches take two steps."""
+    from trellis.agents.ppo.learner import Learner
+
+    def params_after(batch, num_minibatches):
+        config = PPOConfig(unroll_length=7, batch_size=8, num_minibatches=num_minibatches,
+                           num_epochs=1)
+        learner = Learner(PPOBuilder(config).make_networks(CARTPOLE), config,
+                          jax.random.PRNGKey(0))
+        learner.step(batch)
+        return jax.tree.leaves(jax.device_get(learner.params))
+
+    batch = random_batch(0, T=7, B=8)
+    reversed_envs = {k: v[:, ::-1] for k, v in batch.items()}
+    one = params_after(batch, 1)
+    for a, b in zip(one, params_after(reversed_envs, 1), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(a, b) for a, b in zip(one, params_after(batch, 2), strict=True))
+
 SCRIPT = textwrap.dedent("""
     import json
     import jax, numpy as np

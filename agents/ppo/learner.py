@@ -118,10 +118,11 @@ def make_update(
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     def epoch(transitions: dict, entropy_cost: jax.Array, carry, key: jax.Array):
-        order = jax.random.permutation(key, num_transitions)
+        if num_minibatches > 1:  # One minibatch is the whole batch in any order: no sort.
+            order = jax.random.permutation(key, num_transitions)
+            transitions = jax.tree.map(lambda x: x[order], transitions)
         minibatches = jax.tree.map(
-            lambda x: shard(x[order].reshape((num_minibatches, -1) + x.shape[1:])), transitions
-        )
+            lambda x: shard(x.reshape((num_minibatches, -1) + x.shape[1:])), transitions)
         return jax.lax.scan(functools.partial(sgd_step, entropy_cost), carry, minibatches)
 
     def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
