@@ -159,3 +159,22 @@ def test_gaussian_policy_learns_a_continuous_bandit():
 def test_config_errors_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("*", r"\*")):
         PPOConfig(**kwargs)
+
+
+def test_random_order_is_a_uniform_permutation():
+    from trellis.agents.ppo.learner import random_order
+
+    for n in (1, 2, 7, 256, 1000):
+        order = np.asarray(random_order(jax.random.key(n), n))
+        assert sorted(order.tolist()) == list(range(n))
+    a, b = (np.asarray(random_order(jax.random.key(k), 256)) for k in (0, 1))
+    assert (a != b).mean() > 0.9
+    # Where each of 8 items lands over 8,000 draws: 1,000 per (item, position) if uniform,
+    # sd sqrt(8000 * 1/8 * 7/8) = 29.6; 5 sd allowed.
+    orders = np.asarray(jax.vmap(lambda k: random_order(k, 8))(
+        jax.random.split(jax.random.key(9), 8000)))
+    counts = np.stack([(orders == item).sum(axis=0) for item in range(8)])
+    assert np.abs(counts - 1000).max() < 5 * 29.6
+    big = 1 << 17  # Too many indices for the packed keys: jax.random.permutation's.
+    np.testing.assert_array_equal(random_order(jax.random.key(3), big),
+                                  jax.random.permutation(jax.random.key(3), big))

@@ -62,6 +62,22 @@ def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch) -> 
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
 
 
+def random_order(key: jax.Array, n: int) -> jax.Array:
+    """A random permutation of range(n), from one sort of uint32 keys that hold random bits
+    above each index's bits.
+
+    `jax.random.permutation` sorts two operands with a comparator, which on a CPU core took
+    4.3x as long for 32 members' permutations of 256 (0.86 against 0.20 ms; on 2 cores that
+    sort was 45% of a 64-member population's PPO update). Indices whose random bits tie keep
+    their order: with n = 256 the 24 random bits tie somewhere in 0.2% of the draws.
+    """
+    width = max(1, (n - 1).bit_length())
+    if width > 16:  # Fewer than 16 random bits would tie often: the exact, slower sort.
+        return jax.random.permutation(key, n)
+    keys = (jax.random.bits(key, (n,), jnp.uint32) << width) | jnp.arange(n, dtype=jnp.uint32)
+    return (jnp.sort(keys) & ((1 << width) - 1)).astype(jnp.int32)
+
+
 def make_update(
     networks: PPONetworks,
     optimizer: optax.GradientTransformation,
@@ -119,7 +135,7 @@ def make_update(
 
     def epoch(transitions: dict, entropy_cost: jax.Array, carry, key: jax.Array):
         if num_minibatches > 1:  # One minibatch is the whole batch in any order: no sort.
-            order = jax.random.permutation(key, num_transitions)
+            order = random_order(key, num_transitions)
             transitions = jax.tree.map(lambda x: x[order], transitions)
         minibatches = jax.tree.map(
             lambda x: shard(x.reshape((num_minibatches, -1) + x.shape[1:])), transitions)
