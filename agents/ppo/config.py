@@ -10,7 +10,7 @@ from trellis.builders.config import AgentConfig, setting
 # still override them). On anakin the whole loop runs in one program and an env step costs
 # ~0.2 us, so the update bounds the speed: one epoch of two minibatches on 16 envs and one
 # layer of 32 (a hundredth of the default's multiply-adds per env step) still solve
-# CartPole-v1 in about 200,000 env steps, sooner in wall time; populations then fill the
+# CartPole-v1 in 120,000-310,000 env steps, sooner in wall time; populations then fill the
 # cores that one member leaves idle (docs/anakin.md).
 PLATFORM_DEFAULTS = {
     "anakin": {"batch_size": 16, "num_epochs": 1, "num_minibatches": 2, "hidden_sizes": (32,),
