@@ -423,14 +423,13 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     agent = given.get("agent", base.get("agent", RunOptions.agent))
     if agent not in AGENTS:
         where = origin.get("agent", "--") if "agent" not in given else "--"
-        raise UsageError(f"{where}agent must be {_requirement(_setting(RunOptions, 'agent'))}, "
-                         f"got {agent!r}")
+        agent_setting = next(s for s in settings(RunOptions) if s.name == "agent")
+        raise UsageError(f"{where}agent must be {_requirement(agent_setting)}, got {agent!r}")
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
     # Below everything given: the agent's own defaults for the platform (e.g. PPO on anakin),
     # which --help shows too.
-    platform = given.get("platform", base.get("platform", (defaults or {}).get(
-        "platform", RunOptions.platform)))
+    platform = _platform(given, base, defaults)
     defaults = {**getattr(agent_module(agent), "PLATFORM_DEFAULTS", {}).get(platform, {}),
                 **(defaults or {})}
 
@@ -472,11 +471,15 @@ def platform_of(argv: Sequence[str]) -> str:
         given, base, _ = _options(argv, "run.py")
     except UsageError:
         return RunOptions.platform
-    return given.get("platform", base.get("platform", RunOptions.platform))
+    return _platform(given, base)
 
 
-def _setting(cls: type, name: str) -> Any:
-    return next(s for s in settings(cls) if s.name == name)
+def _platform(given: dict[str, Any], base: dict[str, Any],
+              defaults: dict[str, Any] | None = None) -> str:
+    """The platform the flags give, else the --config file or --resume run, else `defaults`'
+    (tune.py's), else RunOptions'."""
+    return given.get("platform", base.get("platform", (defaults or {}).get(
+        "platform", RunOptions.platform)))
 
 
 def _options(argv: Sequence[str], prog: str
