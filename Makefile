@@ -12,7 +12,7 @@ EXTRAS := dev,gymnax,brax,tune,envpool,popgym
 setup: $(STAMP)
 
 # Re-installs when pyproject.toml changes; otherwise a no-op.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"

@@ -36,7 +36,7 @@ import time
 from common import rounded
 from replay_items import ITEMS, make_item, rate
 
-from trellis import launch
+from trellis.launch import runtime
 from trellis.reverb_tables import spec as S
 from trellis.reverb_tables.client import make_client, reverb_available
 from trellis.reverb_tables.node import ReplayClient, ReplayNode, StreamingWriter
@@ -119,10 +119,10 @@ def run_in_process(backend, item, args):
 
 
 def run_remote(backend, item, args, streamed: bool = False, shared_memory: bool = True):
-    program = launch.Program("replay-benchmark")
-    node = program.add_node(launch.CourierNode(ReplayNode, tables(item, args.max_size[item]),
+    program = runtime.Program("replay-benchmark")
+    node = program.add_node(runtime.CourierNode(ReplayNode, tables(item, args.max_size[item]),
                                                backend, 0), label="replay")
-    with launch.launch(program, platform="local_mp", block=False):
+    with runtime.launch(program, platform="local_mp", block=False):
         client = (ReplayClient(node.dereference()) if shared_memory else
                   ReplayClient(node.dereference(), shared_memory_min_bytes=None))
         writer = StreamingWriter(client) if streamed else None

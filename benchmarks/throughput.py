@@ -23,11 +23,11 @@ import time
 
 from common import cpu_count, rounded
 
-from trellis import launch
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-from trellis.builders.config import ExperimentConfig
-from trellis.builders.program import make_program
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.program import make_program
 from trellis.envs import EnvFactory
+from trellis.launch import runtime
 
 
 def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) -> float:
@@ -63,7 +63,7 @@ def pipeline(factory: EnvFactory, platform_name: str, transport: str, args, lear
     builder = ImpalaBuilder(ImpalaConfig())
     program = make_program(builder, factory, config, name="throughput")
     start = time.perf_counter()
-    running = launch.launch(program, platform=platform_name, block=False)
+    running = runtime.launch(program, platform=platform_name, block=False)
     warm = _first_stats(running, program.handles("learner")[0].dereference(),
                         "learner_steps" if learn else "env_steps")
     result = running.wait()

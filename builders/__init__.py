@@ -1,14 +1,9 @@
-"""Builders: the agent contract, and the experiment layer that turns agents into programs.
+"""Builders: the agent contract and the experiment layer, one subpackage each.
 
-Two layers live here (docs/architecture.md; `make lint` checks the arrows):
-
-- the agent contract, below the agents: `base` (the Builder, Learner and Policy protocols,
-  ArraySpec, QueueSpec) and `config` (config dataclasses with declared bounds, and the
-  experiment settings);
-- the experiment layer, above them: `program.make_program` (the SEED-style program graph),
-  `inference` (the central inference server), `env_worker`, `learner_node` with its
-  `counter` and `stop` rule, `evaluation`, `checkpointing`, and for a whole run
-  `experiment.run_experiment` with its run directory (`rundir`, `progress`, `curves`).
+- `trellis.builders.contract`, below the agents: the Builder, Learner and Policy protocols, the
+  capabilities an agent declares, the specs, and the config base with declared bounds;
+- `trellis.builders.experiments`, above them: the session driver, the program graph and its
+  nodes, the anakin loop, Ray Tune trials and the run directory.
 
 This file imports nothing, so that an agent importing the contract does not load the
 experiment layer.

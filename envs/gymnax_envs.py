@@ -1,7 +1,7 @@
 """gymnax environments: `--env=gymnax:CartPole-v1` names gymnax's CartPole-v1.
 
 `GymnaxFactory.make` gives a `JaxEnv` (envs/jax_env.py) that steps inside jitted code, on the
-anakin platform (builders/anakin.py), with the Gymnasium path's step conventions.
+anakin platform (builders/experiments/anakin.py), with the Gymnasium path's step conventions.
 
 Nothing heavy at import time: envs/factory.py imports this module, and run.py imports that in
 every node process, where env workers must not load JAX. gymnax is an optional dependency

@@ -1,8 +1,9 @@
 """An env written in JAX as pure functions, with the Gymnasium path's step conventions.
 
 `JaxEnv.reset` and `JaxEnv.step` are pure functions of (key, state, action) for one env; vmap
-them over a batch and scan them over time (builders/anakin.py). They follow the conventions of
-the env workers (builders/env_worker.py), so learners see the same unrolls from either:
+them over a batch and scan them over time (builders/experiments/anakin.py). They follow the
+conventions of the env workers (builders/experiments/env_worker.py), so learners see the same
+unrolls from either:
 next-step autoreset (the step after an episode's end resets the env, ignores its action and
 gives the new episode's first observation with reward 0 and `first=True`), and `terminated`
 (the MDP ended) kept apart from `truncated` (the time limit), so a truncated episode's last

@@ -27,15 +27,14 @@ import gymnasium as gym  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from trellis.builders.anakin import play_episodes  # noqa: E402
-from trellis.builders.anakin_run import AnakinError, restore_member  # noqa: E402
-from trellis.builders.checkpointing import (  # noqa: E402
+from trellis.builders.experiments.anakin import play_episodes  # noqa: E402
+from trellis.builders.experiments.anakin_run import AnakinError, restore_member  # noqa: E402
+from trellis.builders.experiments.checkpointing import (  # noqa: E402
     Checkpointer,
     CheckpointError,
     checkpoint_dir,
 )
-from trellis.builders.evaluation import run_episodes, summarize  # noqa: E402
-from trellis.launch import run  # noqa: E402
+from trellis.builders.experiments.evaluation import run_episodes, summarize  # noqa: E402
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, load_run  # noqa: E402
 
 
@@ -76,7 +75,7 @@ def load_policy(run_dir: str, step: int | None = None):
       _Error: the run's config or checkpoint is missing or unreadable.
     """
     try:  # The run's saved settings, as the run used them: no flags, no defaults re-parsed.
-        builder, env_factory = run.build(load_run(run_dir))
+        builder, env_factory = load_run(run_dir).build()
     except (UsageError, ValueError) as e:
         raise _Error(str(e)) from e
     spec = env_factory.spec()
@@ -129,7 +128,7 @@ def _evaluate_anakin(args: argparse.Namespace, settings: RunSettings) -> dict:
     """A member of an anakin run: its greedy policy in fresh JAX envs, one episode each."""
     if args.video:
         raise _Error("--video records Gymnasium envs; this run's env is written in JAX")
-    builder, env_factory = run.build(settings)
+    builder, env_factory = settings.build()
     try:
         anakin, params, step, progress = restore_member(
             builder, env_factory, settings.experiment, settings.options.num_seeds,

@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from trellis.agents.registry import AGENTS, agent_module
-from trellis.builders.config import (
+from trellis.builders.contract.config import (
     Config,
     ConfigError,
     ExperimentConfig,
@@ -35,10 +35,17 @@ from trellis.builders.config import (
     setting,
     settings,
 )
-from trellis.builders.pbt import Dimension, PBTConfig, PopulationPBT
-from trellis.builders.rundir import AGENT_CONFIG, COMMAND_LINE, CONFIG, EXPERIMENT, RUN_RECORD
+from trellis.builders.experiments.pbt import Dimension, PBTConfig, PopulationPBT
+from trellis.builders.experiments.rundir import (
+    AGENT_CONFIG,
+    COMMAND_LINE,
+    CONFIG,
+    EXPERIMENT,
+    RUN_RECORD,
+)
 from trellis.envs import UnknownEnvError, make_env_factory
-from trellis.launch import PLATFORMS
+from trellis.launch.runtime import PLATFORMS
+from trellis.reverb_tables import reverb_available
 
 # stop_at_return's command-line value for the env's Gymnasium reward_threshold; resolved here
 # (the library's ExperimentConfig knows no env, so its default is None: no target).
@@ -52,8 +59,8 @@ _COMMAND_LINE_ONLY = ("config", "resume")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # A settings file's section that tune.py searches over (docs/tuning.md); run.py ignores it.
 SEARCH = "search"
-# The platform that runs act and learn as one jitted program (builders/anakin_run.py), beside
-# the runtime's platforms, for envs written in JAX.
+# The platform that runs act and learn as one jitted program
+# (builders/experiments/anakin_run.py), beside the runtime's platforms, for envs written in JAX.
 ANAKIN = "anakin"
 
 
@@ -120,6 +127,18 @@ class RunSettings:
     experiment: ExperimentConfig
     agent: Any  # The agent's Config.
     pbt: PBTConfig = PBTConfig()  # Used with --pbt (anakin); tune.py's PBT reads it too.
+
+    def build(self) -> tuple[Any, Any]:
+        """(the agent's builder, the env factory) these settings name.
+
+        Raises:
+          ValueError: the settings need what this installation lacks (dm-reverb).
+        """
+        if self.experiment.replay_backend == "reverb" and not reverb_available():
+            raise ValueError("--replay_backend=reverb needs dm-reverb, which is not installed "
+                             "here (`make test-reverb` builds .venv-reverb with it); use native")
+        builder = agent_module(self.options.agent).Builder(self.agent)
+        return builder, make_env_factory(self.options.env)
 
     def population_hparams(self) -> dict[str, list[float]]:
         """The anakin members' hyper-parameters, {name: one value per member}."""

@@ -21,7 +21,7 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
     sys.modules["trellis"] = types.ModuleType("trellis", f"Trellis from the clone at {_root}")
     sys.modules["trellis"].__path__ = [_root]
 
-from trellis.builders.curves import plot_run, plot_runs  # noqa: E402
+from trellis.builders.experiments.curves import plot_run, plot_runs  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:

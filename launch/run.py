@@ -1,7 +1,8 @@
 """Trains an agent: `python launch/run.py --agent=impala --platform=local_mp --env=CartPole-v1`.
 
 Builds the agent's program graph, launches it on the chosen platform, shows progress while
-it runs, and keeps a run directory (`runs/AGENT-ENV-TIME/` or --logdir; see builders/rundir.py):
+it runs, and keeps a run directory (`runs/AGENT-ENV-TIME/` or --logdir; see
+builders/experiments/rundir.py):
 config.json, metrics.jsonl, TensorBoard events and checkpoints while it runs, summary.json
 and learning_curve.png when it stops (budget reached, return target reached, Ctrl-C/SIGTERM,
 or a node's error). `--resume RUN_DIR` continues a run from its newest checkpoint.
@@ -27,34 +28,22 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 # Only light imports at module level: local_mp starts node processes with spawn, which re-runs
 # this module's top level in each of them, and env workers must not pay for importing JAX. The
 # agents and the experiment layer are imported in `build` and `train`, in the launcher only.
-from trellis.agents.registry import agent_module  # noqa: E402
-from trellis.builders.rundir import new_run_dir  # noqa: E402
-from trellis.envs import make_env_factory  # noqa: E402
+from trellis.builders.experiments.rundir import new_run_dir  # noqa: E402
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse, platform_of  # noqa: E402
-from trellis.reverb_tables import reverb_available  # noqa: E402
-
-
-def build(run: RunSettings):
-    """(builder, env factory) of the settings.
-
-    Raises:
-      ValueError: the settings need what this installation lacks (dm-reverb).
-    """
-    if run.experiment.replay_backend == "reverb" and not reverb_available():
-        raise ValueError("--replay_backend=reverb needs dm-reverb, which is not installed "
-                         "here (`make test-reverb` builds .venv-reverb with it); use native")
-    builder = agent_module(run.options.agent).Builder(run.agent)
-    return builder, make_env_factory(run.options.env)
 
 
 def train(run: RunSettings, argv: Sequence[str]) -> int:
     """Runs the experiment of `run` (parsed from `argv`); returns the exit code (2: bad input)."""
-    from trellis.builders.anakin_run import AnakinError
-    from trellis.builders.checkpointing import CheckpointError
-    from trellis.builders.experiment import compile_cache, compile_cache_dir, run_experiment
+    from trellis.builders.experiments.anakin_run import AnakinError
+    from trellis.builders.experiments.checkpointing import CheckpointError
+    from trellis.builders.experiments.session import (
+        compile_cache,
+        compile_cache_dir,
+        run_experiment,
+    )
 
     try:
-        builder, env_factory = build(run)
+        builder, env_factory = run.build()
     except ValueError as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return 2
@@ -95,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     cores = contextlib.nullcontext()
     if platform_of(argv) == ANAKIN:
-        from trellis.builders.anakin_run import use_cpu_cores
+        from trellis.builders.experiments.anakin_run import use_cpu_cores
 
         cores = use_cpu_cores()
     with cores:  # Entered before parsing: checking a gymnax id starts JAX.

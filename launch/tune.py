@@ -28,9 +28,9 @@ if not __package__:  # Run as a file from a clone: docs/architecture.md.
     sys.modules["trellis"] = types.ModuleType("trellis", f"Trellis from the clone at {_root}")
     sys.modules["trellis"].__path__ = [_root]
 
-from trellis.builders.config import Config, setting, settings  # noqa: E402
-from trellis.builders.pbt import SearchSpecError, parse_search  # noqa: E402
-from trellis.builders.rundir import new_run_dir  # noqa: E402
+from trellis.builders.contract.config import Config, setting, settings  # noqa: E402
+from trellis.builders.experiments.pbt import SearchSpecError, parse_search  # noqa: E402
+from trellis.builders.experiments.rundir import new_run_dir  # noqa: E402
 from trellis.launch.flags import (  # noqa: E402
     ANAKIN,
     UsageError,
@@ -95,7 +95,9 @@ def parse_sweep(argv: Sequence[str]):
     Raises:
       UsageError: bad input, one line.
     """
-    from trellis.builders.tuning import SweepSpec  # Ray Tune: only once the line is read.
+    from trellis.builders.experiments.tuning import (
+        SweepSpec,  # Ray Tune: only once the line is read.
+    )
 
     specs, rest = split_search(argv)
     (options,), rest = parse_groups(rest, _PROG, [("tune", TuneOptions)])
@@ -152,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 2
-    from trellis.builders.tuning import run_sweep
+    from trellis.builders.experiments.tuning import run_sweep
 
     # Ctrl-C and SIGTERM end the sweep at once, not with Tune's graceful stop (a last
     # snapshot while every trial stops: tens of seconds on a busy machine). Tune snapshots

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from trellis.launch import shm
+from trellis.launch.runtime import shm
 from trellis.reverb_tables import tree as tree_lib
 from trellis.reverb_tables.types import SampleBatch
 

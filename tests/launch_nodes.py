@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from trellis import launch
+from trellis.launch import runtime
 
 
 class Echo:
@@ -29,7 +29,7 @@ class Echo:
         return os.getpid()
 
     def labels(self) -> tuple[str | None, str | None]:
-        return launch.node_label(), os.environ.get("TRELLIS_NODE_LABEL")
+        return runtime.node_label(), os.environ.get("TRELLIS_NODE_LABEL")
 
     def fail(self, message: str):
         raise ValueError(message)
@@ -82,7 +82,7 @@ class Runner:
         return "pong"
 
     def run(self) -> None:
-        while not launch.stop_event().wait(0.02):
+        while not runtime.stop_event().wait(0.02):
             pass
 
 
@@ -109,7 +109,7 @@ class Flaky:
     """
 
     def __init__(self, log: str, failures: int, kill: bool = False):
-        restarts = launch.restart_count()
+        restarts = runtime.restart_count()
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {restarts}\n")
         self._fail = restarts < failures
@@ -117,12 +117,12 @@ class Flaky:
 
     def run(self) -> None:
         if not self._fail:
-            launch.request_stop("recovered", {"restarts": launch.restart_count()})
-            launch.stop_event().wait(30)
+            runtime.request_stop("recovered", {"restarts": runtime.restart_count()})
+            runtime.stop_event().wait(30)
         elif self._kill:
             os.kill(os.getpid(), 9)
         else:
-            raise ValueError(f"flaky run {launch.restart_count()}")
+            raise ValueError(f"flaky run {runtime.restart_count()}")
 
 
 class RayPlacement:
@@ -143,8 +143,8 @@ class Stopper:
     """Asks the program to stop, as a learner does at the end of its budget."""
 
     def run(self) -> None:
-        launch.request_stop("budget reached", {"steps": 3})
-        launch.stop_event().wait(30)
+        runtime.request_stop("budget reached", {"steps": 3})
+        runtime.stop_event().wait(30)
 
 
 class PidPrinter:
@@ -152,13 +152,13 @@ class PidPrinter:
 
     def run(self) -> None:
         print(f"PID {os.getpid()}", flush=True)
-        while not launch.stop_requested():
+        while not runtime.stop_requested():
             time.sleep(0.02)
 
 
 def print_pid_and_wait() -> None:
     print(f"PID {os.getpid()}", flush=True)
-    launch.stop_event().wait()
+    runtime.stop_event().wait()
 
 
 def return_at_once() -> None:
@@ -168,13 +168,13 @@ def return_at_once() -> None:
 # A launcher script for the signal tests: run with `python -c`, prints node pids and the result.
 SIGNAL_SCRIPT = """
 import sys
-from trellis import launch
+from trellis.launch import runtime
 from tests import launch_nodes
 
-program = launch.Program("signals")
-program.add_node(launch.CourierNode(launch_nodes.PidPrinter), label="printer")
-program.add_node(launch.PyNode(launch_nodes.print_pid_and_wait), label="waiter")
-result = launch.launch(program, platform="local_mp", stop_timeout_s=5.0)
+program = runtime.Program("signals")
+program.add_node(runtime.CourierNode(launch_nodes.PidPrinter), label="printer")
+program.add_node(runtime.PyNode(launch_nodes.print_pid_and_wait), label="waiter")
+result = runtime.launch(program, platform="local_mp", stop_timeout_s=5.0)
 print("RESULT", result.stopped_by, result.reason, flush=True)
 sys.exit(result.exit_code)
 """

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from trellis import launch
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-from trellis.builders.config import ExperimentConfig
-from trellis.builders.program import make_program
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.program import make_program
 from trellis.envs import EnvFactory
+from trellis.launch import runtime
 
 
 @pytest.mark.parametrize("platform", [
@@ -24,7 +24,7 @@ def test_killed_env_worker_is_restarted_and_the_run_finishes(platform, capfd):
                               max_actor_restarts=1, log_every_s=0.5)
     builder = ImpalaBuilder(ImpalaConfig(batch_size=16, unroll_length=20))
     program = make_program(builder, EnvFactory("CartPole-v1"), config, name="restart")
-    running = launch.launch(program, platform=platform, block=False)
+    running = runtime.launch(program, platform=platform, block=False)
     try:
         learner = program.handles("learner")[0].dereference()
         victim = program.handles("actor")[0].dereference()

@@ -24,16 +24,16 @@ from tests.multidevice import assert_devices_match, run_with_cpu_devices  # noqa
 from trellis.agents.common import init_training_state  # noqa: E402
 from trellis.agents.ppo import Builder as PPOBuilder  # noqa: E402
 from trellis.agents.ppo import Config as PPOConfig  # noqa: E402
-from trellis.builders.anakin import (  # noqa: E402
+from trellis.builders.experiments.anakin import (  # noqa: E402
     Anakin,
     Episodes,
     Population,
     track_episodes,
     window_in_order,
 )
-from trellis.builders.curves import _member_returns, plot_run  # noqa: E402
-from trellis.builders.env_worker import EpisodeTracker  # noqa: E402
-from trellis.builders.experiment import COMPILE_CACHE_SUBDIR  # noqa: E402
+from trellis.builders.experiments.curves import _member_returns, plot_run  # noqa: E402
+from trellis.builders.experiments.env_worker import EpisodeTracker  # noqa: E402
+from trellis.builders.experiments.session import COMPILE_CACHE_SUBDIR  # noqa: E402
 from trellis.envs import GymnaxFactory, make_env_factory  # noqa: E402
 from trellis.launch import evaluate, run  # noqa: E402
 from trellis.launch.flags import member_hparams  # noqa: E402
@@ -321,7 +321,7 @@ def test_member_hparams_lists_and_log_uniform_ranges():
 _DEVICES_SCRIPT = """
 import json, jax, numpy as np
 from trellis.agents.ppo import Builder, Config
-from trellis.builders.anakin_run import PopulationSettings, make_population
+from trellis.builders.experiments.anakin_run import PopulationSettings, make_population
 from trellis.envs import make_env_factory
 config = Config(batch_size=8, unroll_length=8, num_minibatches=2, hidden_sizes=(16,))
 population = make_population(Builder(config), make_env_factory("gymnax:CartPole-v1"), 0, 10,

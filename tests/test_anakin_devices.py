@@ -23,8 +23,8 @@ from tests.test_ppo_learner import CARTPOLE as CARTPOLE_SPEC
 from tests.test_ppo_learner import random_batch
 from trellis.agents.ppo import PLATFORM_DEFAULTS, PPOBuilder, PPOConfig
 from trellis.agents.registry import agent_module
-from trellis.builders.anakin import population_mesh, shards_members
-from trellis.builders.anakin_run import use_cpu_cores
+from trellis.builders.experiments.anakin import population_mesh, shards_members
+from trellis.builders.experiments.anakin_run import use_cpu_cores
 from trellis.launch import flags, run
 
 needs_gymnax = pytest.mark.skipif(
@@ -66,7 +66,7 @@ def test_population_mesh_rule_per_platform(platform, members, count, split):
 _DEVICES_SCRIPT = textwrap.dedent("""
     import importlib.util, json
     import jax, numpy as np
-    from trellis.builders.anakin import population_mesh, shards_members
+    from trellis.builders.experiments.anakin import population_mesh, shards_members
 
     devices = jax.devices()
     out = {"devices": [d.platform for d in devices], "meshes": {}}
@@ -77,9 +77,13 @@ _DEVICES_SCRIPT = textwrap.dedent("""
     out["population"] = None
     if importlib.util.find_spec("gymnax") is not None:
         from trellis.agents.ppo import Builder, Config
-        from trellis.builders import anakin_run
-        from trellis.builders.anakin import Population
-        from trellis.builders.anakin_run import PopulationSettings, make_anakin, make_population
+        from trellis.builders.experiments import anakin_run
+        from trellis.builders.experiments.anakin import Population
+        from trellis.builders.experiments.anakin_run import (
+            PopulationSettings,
+            make_anakin,
+            make_population,
+        )
         from trellis.envs import make_env_factory
 
         M, SEED, WINDOW, CALLS = 4, 0, 10, 2
@@ -208,7 +212,7 @@ def test_use_cpu_cores_keeps_the_users_own_settings(own, added, monkeypatch):
 
 
 def test_use_cpu_cores_before_jax_starts_gives_a_device_per_core():
-    script = ("import os\nfrom trellis.builders.anakin_run import use_cpu_cores\n"
+    script = ("import os\nfrom trellis.builders.experiments.anakin_run import use_cpu_cores\n"
               "with use_cpu_cores():\n    import jax\n    jax.devices()\n"
               "print(len(jax.devices()), len(os.sched_getaffinity(0)))")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -1,10 +1,10 @@
-"""builders/config.py: fields validated from their declarations (type, bounds, choices)."""
+"""builders/contract/config.py: fields validated from their declarations (type, bounds, choices)."""
 
 import dataclasses
 
 import pytest
 
-from trellis.builders.config import Config, ConfigError, setting, settings
+from trellis.builders.contract.config import Config, ConfigError, setting, settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from trellis.builders.counter import Counter, StepRate
+from trellis.builders.experiments.counter import Counter, StepRate
 
 
 class FakeClock:
@@ -139,7 +139,7 @@ def test_step_rate_measures_over_at_least_the_min_interval():
 
 
 def test_counter_and_stop_rule_import_no_jax():
-    code = ("import sys, trellis.builders.counter, trellis.builders.stop; "
+    code = ("import sys, trellis.builders.experiments.counter, trellis.builders.experiments.stop; "
             "assert 'jax' not in sys.modules, 'jax was imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)

@@ -8,10 +8,10 @@ import pytest
 
 from tests.test_run import RANDOM_CARTPOLE_RETURN, run, summary
 from trellis.agents.common import importance_weights
+from trellis.agents.common.replay import unrolls_to_transitions
 from trellis.agents.dqn import DQNBuilder, DQNConfig
 from trellis.agents.dqn.config import ApexConfig
 from trellis.agents.dqn.losses import double_q_td_error, weighted_huber_loss
-from trellis.agents.replay import unrolls_to_transitions
 from trellis.envs import EnvFactory
 from trellis.envs.specs import EnvSpec
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trellis.builders.env_worker import EnvWorker
+from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.envs import EnvFactory, UnknownEnvError
 
 

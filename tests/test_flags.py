@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from trellis.agents.registry import AGENTS, agent_module
-from trellis.builders.config import ExperimentConfig, settings
-from trellis.builders.experiment import _write_config
+from trellis.builders.contract.config import ExperimentConfig, settings
+from trellis.builders.experiments.session import _write_config
 from trellis.launch import flags, run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tests import launch_nodes as nodes
-from trellis import launch
-from trellis.launch import node_context, rpc
+from trellis.launch import runtime
+from trellis.launch.runtime import node_context, rpc
 
 PLATFORMS = ["local_mt", "local_mp"]
 
@@ -42,12 +42,12 @@ def _node_threads() -> list[str]:
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_handles_rpcs_futures_and_arrays(platform):
-    program = launch.Program("rpc")
+    program = runtime.Program("rpc")
     with program.group("echo"):
-        first = program.add_node(launch.CourierNode(nodes.Echo, 0))
-        second = program.add_node(launch.CourierNode(nodes.Echo, offset=100))
+        first = program.add_node(runtime.CourierNode(nodes.Echo, 0))
+        second = program.add_node(runtime.CourierNode(nodes.Echo, offset=100))
     caller = program.add_node(
-        launch.CourierNode(
+        runtime.CourierNode(
             nodes.Caller,
             [first, second],
             {"first": first, "nested": [(second,)]},
@@ -58,7 +58,7 @@ def test_handles_rpcs_futures_and_arrays(platform):
     )
     assert [first.label, second.label, caller.label] == ["echo/0", "echo/1", "caller"]
 
-    with launch.launch(program, platform=platform, block=False) as running:
+    with runtime.launch(program, platform=platform, block=False) as running:
         client = caller.dereference()
         assert client.sums(1, 2) == [3, 103, 3, 103, 3, 103]
         assert client.futures.sums(2, 2).result(timeout=30) == [4, 104, 4, 104, 4, 104]
@@ -91,18 +91,18 @@ def test_handles_rpcs_futures_and_arrays(platform):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_remote_errors_and_bad_methods(platform):
-    program = launch.Program("errors")
-    echo = program.add_node(launch.CourierNode(nodes.Echo), label="echo")
-    with launch.launch(program, platform=platform, block=False):
+    program = runtime.Program("errors")
+    echo = program.add_node(runtime.CourierNode(nodes.Echo), label="echo")
+    with runtime.launch(program, platform=platform, block=False):
         client = echo.dereference()
-        with pytest.raises(launch.RemoteError) as info:
+        with pytest.raises(runtime.RemoteError) as info:
             client.fail("bad value 42")
         message = str(info.value)
         assert "ValueError: bad value 42" in message
         assert "echo" in message and "launch_nodes.py" in message  # the remote traceback
         assert info.value.remote_type == "ValueError"
         assert "raise ValueError(message)" in info.value.remote_traceback
-        with pytest.raises(launch.RemoteError, match="bad value"):
+        with pytest.raises(runtime.RemoteError, match="bad value"):
             client.futures.fail("bad value").result(timeout=30)
         with pytest.raises(AttributeError, match="no RPC method 'nope'.*echo, fail"):
             client.nope()
@@ -121,16 +121,16 @@ def test_client_gives_up_with_a_clear_error():
         client.ping()
     assert time.monotonic() - start < 5
     with pytest.raises(RuntimeError, match="launch the program first"):
-        launch.Program("p").add_node(launch.CourierNode(nodes.Echo)).dereference()
+        runtime.Program("p").add_node(runtime.CourierNode(nodes.Echo)).dereference()
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_run_error_stops_every_node(platform, tmp_path, capfd):
-    program = launch.Program("crash")
-    good = program.add_node(launch.CourierNode(nodes.Runner, str(tmp_path)), label="good")
-    program.add_node(launch.CourierNode(nodes.FailingRun, good), label="bad")
+    program = runtime.Program("crash")
+    good = program.add_node(runtime.CourierNode(nodes.Runner, str(tmp_path)), label="good")
+    program.add_node(runtime.CourierNode(nodes.FailingRun, good), label="bad")
 
-    result = launch.launch(program, platform=platform, stop_timeout_s=5.0)
+    result = runtime.launch(program, platform=platform, stop_timeout_s=5.0)
 
     assert result.stopped_by == "error" and result.exit_code == 1
     assert result.error_node == "bad"
@@ -148,37 +148,37 @@ def test_run_error_stops_every_node(platform, tmp_path, capfd):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_constructor_error(platform):
-    program = launch.Program("init")
-    program.add_node(launch.CourierNode(nodes.FailingInit), label="broken")
-    program.add_node(launch.CourierNode(nodes.Runner), label="fine")
-    result = launch.launch(program, platform=platform)
+    program = runtime.Program("init")
+    program.add_node(runtime.CourierNode(nodes.FailingInit), label="broken")
+    program.add_node(runtime.CourierNode(nodes.Runner), label="fine")
+    result = runtime.launch(program, platform=platform)
     assert (result.stopped_by, result.error_node) == ("error", "broken")
     assert "boom in constructor" in result.reason
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_request_stop_and_completion(platform):
-    program = launch.Program("stop")
-    program.add_node(launch.CourierNode(nodes.Stopper), label="learner")
-    program.add_node(launch.CourierNode(nodes.Runner), label="actor")
-    result = launch.launch(program, platform=platform)
-    assert result == launch.LaunchResult("requested", "budget reached", {"steps": 3})
+    program = runtime.Program("stop")
+    program.add_node(runtime.CourierNode(nodes.Stopper), label="learner")
+    program.add_node(runtime.CourierNode(nodes.Runner), label="actor")
+    result = runtime.launch(program, platform=platform)
+    assert result == runtime.LaunchResult("requested", "budget reached", {"steps": 3})
     assert result.exit_code == 0
 
-    program = launch.Program("complete")
-    program.add_node(launch.PyNode(nodes.return_at_once), label="job")
-    program.add_node(launch.CourierNode(nodes.Echo), label="server")  # no run(): not awaited
-    result = launch.launch(program, platform=platform)
+    program = runtime.Program("complete")
+    program.add_node(runtime.PyNode(nodes.return_at_once), label="job")
+    program.add_node(runtime.CourierNode(nodes.Echo), label="server")  # no run(): not awaited
+    result = runtime.launch(program, platform=platform)
     assert (result.stopped_by, result.exit_code) == ("completed", 0)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_disable_run_lets_a_test_drive_the_node(platform):
-    program = launch.Program("driven")
-    node = launch.CourierNode(nodes.FailingRun)
+    program = runtime.Program("driven")
+    node = runtime.CourierNode(nodes.FailingRun)
     node.disable_run()
     handle = program.add_node(node, label="driven")
-    running = launch.launch(program, platform=platform, block=False)
+    running = runtime.launch(program, platform=platform, block=False)
     try:
         assert handle.dereference().ping() == "pong"
         assert running.wait(timeout=0.3) is None and running.is_running()
@@ -189,10 +189,10 @@ def test_disable_run_lets_a_test_drive_the_node(platform):
 
 
 def test_kill_minus_nine_is_an_error_and_breaks_calls_at_once():
-    program = launch.Program("kill")
-    victim = program.add_node(launch.CourierNode(nodes.Echo), label="victim")
-    program.add_node(launch.CourierNode(nodes.Runner), label="bystander")
-    running = launch.launch(program, platform="local_mp", block=False)
+    program = runtime.Program("kill")
+    victim = program.add_node(runtime.CourierNode(nodes.Echo), label="victim")
+    program.add_node(runtime.CourierNode(nodes.Runner), label="bystander")
+    running = runtime.launch(program, platform="local_mp", block=False)
     try:
         client = victim.dereference()
         pid = client.pid()
@@ -222,13 +222,13 @@ def test_group_restarts_failed_nodes_up_to_its_limit(platform, tmp_path, capfd):
     kills = [False, True] if platform == "local_mp" else [False]
     for kill in kills:
         log.write_text("")
-        program = launch.Program("flaky")
+        program = runtime.Program("flaky")
         with program.group("flaky", max_restarts=2):
-            program.add_node(launch.CourierNode(nodes.Flaky, str(log), failures=2, kill=kill))
-        program.add_node(launch.CourierNode(nodes.Runner), label="steady")
-        running = launch.launch(program, platform=platform, block=False)
+            program.add_node(runtime.CourierNode(nodes.Flaky, str(log), failures=2, kill=kill))
+        program.add_node(runtime.CourierNode(nodes.Runner), label="steady")
+        running = runtime.launch(program, platform=platform, block=False)
         result = running.wait(timeout=60)
-        assert result == launch.LaunchResult("requested", "recovered", {"restarts": 2})
+        assert result == runtime.LaunchResult("requested", "recovered", {"restarts": 2})
         assert running.restarts == {"flaky": 2}
         runs = [line.split() for line in log.read_text().splitlines()]
         assert [int(r) for _, r in runs] == [0, 1, 2]
@@ -238,17 +238,17 @@ def test_group_restarts_failed_nodes_up_to_its_limit(platform, tmp_path, capfd):
 
     # One failure more than the group allows stops the program with that failure.
     log.write_text("")
-    program = launch.Program("flaky")
+    program = runtime.Program("flaky")
     with program.group("flaky", max_restarts=1):
-        program.add_node(launch.CourierNode(nodes.Flaky, str(log), failures=2))
-    result = launch.launch(program, platform=platform)
+        program.add_node(runtime.CourierNode(nodes.Flaky, str(log), failures=2))
+    result = runtime.launch(program, platform=platform)
     assert (result.stopped_by, result.reason) == ("error", "flaky: ValueError: flaky run 1")
     assert len(log.read_text().splitlines()) == 2
 
 
 def test_max_restarts_must_be_a_count():
     with pytest.raises(ValueError, match="max_restarts must be an int >= 0, got -1"):
-        with launch.Program("p").group("g", max_restarts=-1):
+        with runtime.Program("p").group("g", max_restarts=-1):
             pass
 
 
@@ -284,9 +284,9 @@ def test_signal_stops_program_and_children(signum):
 
 
 def test_a_signal_inside_stop_on_signals_stops_the_program_and_raises_nothing():
-    program = launch.Program("busy")
-    program.add_node(launch.CourierNode(nodes.Runner), label="runner")
-    running = launch.launch(program, platform="local_mt", block=False)
+    program = runtime.Program("busy")
+    program.add_node(runtime.CourierNode(nodes.Runner), label="runner")
+    running = runtime.launch(program, platform="local_mt", block=False)
     # A host loop busy outside wait(): without the handlers, SIGINT would raise
     # KeyboardInterrupt here (in run.py it once did so inside tensorboardX and hung it).
     with running.stop_on_signals():
@@ -294,7 +294,7 @@ def test_a_signal_inside_stop_on_signals_stops_the_program_and_raises_nothing():
         deadline = time.monotonic() + 10
         while running.is_running() and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert running.wait(timeout=10) == launch.LaunchResult("signal", "SIGINT")
+    assert running.wait(timeout=10) == runtime.LaunchResult("signal", "SIGINT")
 
 
 def test_children_exit_when_launcher_is_killed():
@@ -305,37 +305,37 @@ def test_children_exit_when_launcher_is_killed():
 
 
 def test_unknown_platform():
-    program = launch.Program("p")
-    program.add_node(launch.PyNode(nodes.return_at_once))
+    program = runtime.Program("p")
+    program.add_node(runtime.PyNode(nodes.return_at_once))
     with pytest.raises(ValueError, match="'slurm'.*local_mp, local_mt, ray"):
-        launch.launch(program, platform="slurm")
+        runtime.launch(program, platform="slurm")
 
 
 def test_program_graph_checks():
-    program = launch.Program("p")
-    node = launch.PyNode(nodes.return_at_once)
+    program = runtime.Program("p")
+    node = runtime.PyNode(nodes.return_at_once)
     assert program.add_node(node).label == "return_at_once"
     with pytest.raises(ValueError, match="already added"):
         program.add_node(node)
     with program.group("g"):
         with pytest.raises(ValueError, match="one label"):
-            program.add_node(launch.PyNode(nodes.return_at_once), label="other")
+            program.add_node(runtime.PyNode(nodes.return_at_once), label="other")
     with pytest.raises(KeyError, match="return_at_once"):
         program.handles("missing")
     with pytest.raises(TypeError, match="cannot be pickled"):
-        bad = launch.Program("bad")
-        bad.add_node(launch.PyNode(nodes.return_at_once, threading.Lock()))
-        launch.launch(bad, platform="local_mt")
+        bad = runtime.Program("bad")
+        bad.add_node(runtime.PyNode(nodes.return_at_once, threading.Lock()))
+        runtime.launch(bad, platform="local_mt")
 
 
 def test_node_context_outside_nodes():
-    assert node_context.current() is None and launch.node_label() is None
-    event = launch.stop_event()
-    assert not launch.stop_requested() and not event.wait(0.0)
+    assert node_context.current() is None and runtime.node_label() is None
+    event = runtime.stop_event()
+    assert not runtime.stop_requested() and not event.wait(0.0)
     try:
-        launch.request_stop("outside", {"a": 1})
-        assert launch.stop_requested()
+        runtime.request_stop("outside", {"a": 1})
+        assert runtime.stop_requested()
     finally:
         event.clear()  # the process-global default event; other tests must see it clear
     with pytest.raises(TypeError, match="dict"):
-        launch.request_stop("bad", info=[1])
+        runtime.request_stop("bad", info=[1])

@@ -5,14 +5,18 @@ import threading
 
 import numpy as np
 
-from trellis import launch
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
-from trellis.builders.config import ExperimentConfig
-from trellis.builders.learner_node import UnrollFeed
-from trellis.builders.program import make_program
-from trellis.builders.unroll_queue import LocalUnrollQueue
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.checkpointing import (
+    Checkpoints,
+    checkpoint_dir,
+    latest_checkpoint,
+)
+from trellis.builders.experiments.learner_node import UnrollFeed
+from trellis.builders.experiments.program import make_program
+from trellis.builders.experiments.unroll_queue import LocalUnrollQueue
 from trellis.envs import EnvFactory
+from trellis.launch import runtime
 
 # Every key of `stats()` besides the learner's metrics: run directories depend on them.
 STATS_KEYS = {
@@ -29,7 +33,7 @@ def _run(config, checkpoints):
     builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=10))
     program = make_program(builder, EnvFactory("CartPole-v1"), config, name="learner_node",
                            checkpoints=checkpoints)
-    running = launch.launch(program, platform="local_mt", block=False)
+    running = runtime.launch(program, platform="local_mt", block=False)
     try:
         result = running.wait(timeout=120)
     finally:

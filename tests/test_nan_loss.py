@@ -8,10 +8,14 @@ import numpy as np
 import pytest
 
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-from trellis.builders.checkpointing import Checkpointer, checkpoint_dir, latest_checkpoint
-from trellis.builders.config import ExperimentConfig
-from trellis.builders.experiment import run_experiment
-from trellis.builders.learner_node import FiniteCheck, NonFiniteLossError
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.checkpointing import (
+    Checkpointer,
+    checkpoint_dir,
+    latest_checkpoint,
+)
+from trellis.builders.experiments.learner_node import FiniteCheck, NonFiniteLossError
+from trellis.builders.experiments.session import run_experiment
 from trellis.envs import EnvFactory
 
 

@@ -18,8 +18,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from tests.test_anakin import CARTPOLE, small_ppo_anakin  # noqa: E402
 from trellis.agents.common import get_hparams, set_hparams  # noqa: E402
-from trellis.builders import anakin as anakin_module  # noqa: E402
-from trellis.builders.anakin import (  # noqa: E402
+from trellis.builders.experiments import anakin as anakin_module  # noqa: E402
+from trellis.builders.experiments.anakin import (  # noqa: E402
     Episodes,
     exploit_and_explore,
     explore,
@@ -27,7 +27,7 @@ from trellis.builders.anakin import (  # noqa: E402
     window_in_order,
     window_means,
 )
-from trellis.builders.pbt import Dimension, PBTConfig, PopulationPBT, quantile_size  # noqa: E402
+from trellis.builders.experiments.pbt import Dimension, PBTConfig, PopulationPBT, quantile_size  # noqa: E402
 from trellis.launch import run  # noqa: E402
 
 LR_RANGE = Dimension("loguniform", (1e-4, 1e-1))

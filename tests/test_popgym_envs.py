@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_envs import RecordingInference
 from tests.test_run import run, summary
-from trellis.builders.env_worker import EnvWorker
+from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.envs import UnknownEnvError, make_env_factory
 
 needs_popgym = pytest.mark.skipif(

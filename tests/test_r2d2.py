@@ -19,7 +19,7 @@ from trellis.agents.r2d2.losses import (
     value_rescaling,
     weighted_sequence_loss,
 )
-from trellis.builders.base import REPLAY_PROBABILITY, REPLAY_TABLE_SIZE, STATE_PREFIX
+from trellis.builders.contract.agent import REPLAY_PROBABILITY, REPLAY_TABLE_SIZE, STATE_PREFIX
 from trellis.envs.specs import EnvSpec
 
 EPS = 1e-3

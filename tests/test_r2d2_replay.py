@@ -17,9 +17,9 @@ from trellis.agents.common import make_optimizer
 from trellis.agents.r2d2 import R2D2Builder, R2D2Config
 from trellis.agents.r2d2.builder import epsilon_ladder
 from trellis.agents.r2d2.learner import make_update
-from trellis.builders.base import REPLAY_KEY
-from trellis.builders.inference import InferenceServer, step_specs
-from trellis.builders.learner_node import ReplayFeed, agent_table
+from trellis.builders.contract.agent import REPLAY_KEY
+from trellis.builders.experiments.inference import InferenceServer, step_specs
+from trellis.builders.experiments.learner_node import ReplayFeed, agent_table
 from trellis.envs.specs import EnvSpec
 
 SPEC = EnvSpec((4,), "float32", 2, (), "int32")
@@ -215,7 +215,7 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from trellis.agents.r2d2 import R2D2Builder, R2D2Config
     from trellis.agents.r2d2.learner import Learner
-    from trellis.builders.base import REPLAY_KEY, REPLAY_PROBABILITY, REPLAY_TABLE_SIZE
+    from trellis.builders.contract.agent import REPLAY_KEY, REPLAY_PROBABILITY, REPLAY_TABLE_SIZE
     from trellis.envs.specs import EnvSpec
 
     config = R2D2Config(burn_in=2, trace_length=4, unroll_length=3, batch_size=8,

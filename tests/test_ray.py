@@ -12,8 +12,8 @@ import time
 import pytest
 
 from tests import launch_nodes as nodes
-from trellis import launch
-from trellis.launch import ray_platform
+from trellis.launch import runtime
+from trellis.launch.runtime import ray_platform
 
 pytest.importorskip("ray")
 
@@ -63,28 +63,28 @@ def _assert_no_ray_processes(mark: bytes, timeout_s: float = 15.0) -> None:
 
 def test_restart_and_error_on_ray(tmp_path, capfd, mark):
     log = tmp_path / "runs.log"
-    program = launch.Program("flaky")
+    program = runtime.Program("flaky")
     with program.group("flaky", max_restarts=1, resources={"CPU": 1}):
         # Its first run kills its own actor process (kill -9), the second asks to stop.
-        program.add_node(launch.CourierNode(nodes.Flaky, str(log), failures=1, kill=True))
-    echo = program.add_node(launch.CourierNode(nodes.Echo, 100), label="echo")
-    running = launch.launch(program, platform="ray", block=False)
+        program.add_node(runtime.CourierNode(nodes.Flaky, str(log), failures=1, kill=True))
+    echo = program.add_node(runtime.CourierNode(nodes.Echo, 100), label="echo")
+    running = runtime.launch(program, platform="ray", block=False)
     try:
         client = echo.dereference()
         assert client.add(1, 2) == 103 and client.futures.echo("x").result(timeout=30) == "x"
         result = running.wait(timeout=60)
     finally:
         running.stop()
-    assert result == launch.LaunchResult("requested", "recovered", {"restarts": 1})
+    assert result == runtime.LaunchResult("requested", "recovered", {"restarts": 1})
     assert running.restarts == {"flaky": 1}
     assert [line.split()[1] for line in log.read_text().splitlines()] == ["0", "1"]
     assert "node 'flaky' failed; restarting it (restart 1 of 1)" in capfd.readouterr().err
     _assert_no_ray_processes(mark)
 
-    program = launch.Program("crash")
-    good = program.add_node(launch.CourierNode(nodes.Runner), label="good")
-    program.add_node(launch.CourierNode(nodes.FailingRun, good), label="bad")
-    result = launch.launch(program, platform="ray", stop_timeout_s=5.0)
+    program = runtime.Program("crash")
+    good = program.add_node(runtime.CourierNode(nodes.Runner), label="good")
+    program.add_node(runtime.CourierNode(nodes.FailingRun, good), label="bad")
+    result = runtime.launch(program, platform="ray", stop_timeout_s=5.0)
     assert (result.stopped_by, result.exit_code) == ("error", 1)
     assert result.reason == "bad: ValueError: boom in run"
     assert "boom in run" in result.error_traceback
@@ -93,22 +93,22 @@ def test_restart_and_error_on_ray(tmp_path, capfd, mark):
 
 def test_a_node_ray_cannot_place_fails_the_launch_in_one_line(monkeypatch, mark):
     monkeypatch.setattr(ray_platform, "_PLACE_TIMEOUT_S", 3.0)
-    program = launch.Program("unplaceable")
+    program = runtime.Program("unplaceable")
     with program.group("nowhere", resources={"nowhere": 1}):  # No Ray node has it.
-        program.add_node(launch.CourierNode(nodes.Echo))
+        program.add_node(runtime.CourierNode(nodes.Echo))
     with pytest.raises(RuntimeError) as raised:
-        launch.launch(program, platform="ray")
+        runtime.launch(program, platform="ray")
     assert str(raised.value).startswith(
         "Ray found no room for node(s) within 3 s: nowhere {'nowhere': 1}"), raised.value
     assert "\n" not in str(raised.value)
     _assert_no_ray_processes(mark)
 
 
-def _program_of(groups: dict[str, dict[str, float]]) -> launch.Program:
-    program = launch.Program("waves")
+def _program_of(groups: dict[str, dict[str, float]]) -> runtime.Program:
+    program = runtime.Program("waves")
     for label, resources in groups.items():
         with program.group(label, resources=resources):
-            program.add_node(launch.CourierNode(nodes.Echo))
+            program.add_node(runtime.CourierNode(nodes.Echo))
     return program
 
 
@@ -154,7 +154,7 @@ import faulthandler, json, sys, time
 # A hang shows its stacks in the test's failure message (the test's own timeout shows nothing).
 faulthandler.dump_traceback_later(200, exit=True)
 import ray
-from trellis import launch
+from trellis.launch import runtime
 from tests import launch_nodes as nodes
 
 address = sys.argv[1]
@@ -172,12 +172,12 @@ while len([n for n in ray.nodes() if n["Alive"]]) < 2:
     assert time.monotonic() < deadline, "the second Ray node did not join the head"
     time.sleep(0.2)
 head = next(n["NodeID"] for n in ray.nodes() if "learner" in n["Resources"])
-program = launch.Program("placement")
+program = runtime.Program("placement")
 with program.group("learner", resources={"learner": 1}):
-    learner = program.add_node(launch.CourierNode(nodes.RayPlacement))
+    learner = program.add_node(runtime.CourierNode(nodes.RayPlacement))
 with program.group("actor", resources={"CPU": 1}):
-    actors = [program.add_node(launch.CourierNode(nodes.RayPlacement)) for _ in range(2)]
-with launch.launch(program, platform="ray", block=False, ray_address=address):
+    actors = [program.add_node(runtime.CourierNode(nodes.RayPlacement)) for _ in range(2)]
+with runtime.launch(program, platform="ray", block=False, ray_address=address):
     placed = {"head": head, "learner": learner.dereference().node_id(),
               "actors": [a.dereference().node_id() for a in actors]}
 ray.shutdown()
@@ -190,7 +190,7 @@ def test_groups_land_on_the_nodes_with_their_resources(mark):
     the learner group goes to the head, the env-worker group to the other node. Until the
     learner group was placed first, an env worker could take the head's only CPU and leave the
     learner pending forever (issue 14)."""
-    from trellis.launch import rpc
+    from trellis.launch.runtime import rpc
 
     # Both nodes bind 127.0.0.1 only, so the test cluster runs without Ray's auth token.
     env = dict(os.environ, RAY_AUTH_MODE="disabled")

@@ -10,8 +10,8 @@ import pytest
 
 from tests.test_run import run, summary
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-from trellis.builders.base import STATE_PREFIX, QueueSpec, recorded_state
-from trellis.builders.inference import InferenceServer, UnrollRecorder, step_specs
+from trellis.builders.contract.agent import STATE_PREFIX, QueueSpec, recorded_state
+from trellis.builders.experiments.inference import InferenceServer, UnrollRecorder, step_specs
 from trellis.envs import EnvSpec
 from trellis.launch import run as launch_run
 

@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from trellis import launch
 from trellis import reverb_tables as rt
-from trellis.launch import shm
+from trellis.launch import runtime
+from trellis.launch.runtime import shm
 from trellis.reverb_tables import tree
 
 SIGNATURE = {"x": rt.ArraySpec((2,), np.float32)}
@@ -28,10 +28,10 @@ def item(i):
 
 @pytest.fixture
 def replay():
-    program = launch.Program("replay-node-test")
-    handle = program.add_node(launch.CourierNode(rt.ReplayNode, TABLES, "native", 0),
+    program = runtime.Program("replay-node-test")
+    handle = program.add_node(runtime.CourierNode(rt.ReplayNode, TABLES, "native", 0),
                               label="replay")
-    running = launch.launch(program, platform="local_mp", block=False)
+    running = runtime.launch(program, platform="local_mp", block=False)
     try:
         # Every batch of these tests is small: all but the first of a table and size go
         # through shared memory.
@@ -214,10 +214,10 @@ def fields(batch) -> list[np.ndarray]:
 @pytest.fixture
 def two_nodes():
     """Two replay nodes with the same tables and seed: the same inserts sample the same items."""
-    program = launch.Program("replay-shared-memory-test")
-    handles = [program.add_node(launch.CourierNode(rt.ReplayNode, SHARED_TABLES, "native", 0),
+    program = runtime.Program("replay-shared-memory-test")
+    handles = [program.add_node(runtime.CourierNode(rt.ReplayNode, SHARED_TABLES, "native", 0),
                                 label=label) for label in ("a", "b")]
-    running = launch.launch(program, platform="local_mp", block=False)
+    running = runtime.launch(program, platform="local_mp", block=False)
     try:
         yield [handle.dereference() for handle in handles]
     finally:

@@ -9,7 +9,7 @@ import socket
 import numpy as np
 import pytest
 
-from trellis.launch import rpc
+from trellis.launch.runtime import rpc
 
 SECRET = b"s" * 32
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from trellis.launch import shm
+from trellis.launch.runtime import shm
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")
 
@@ -21,7 +21,7 @@ LAYOUT = {"obs": ((4, 84, 84), "uint8"), "reward": ((4,), "float32"), "action": 
 CLIENT = """
 import sys
 import numpy as np
-from trellis.launch import shm
+from trellis.launch.runtime import shm
 layout = {"obs": ((4, 84, 84), "uint8"), "reward": ((4,), "float32"), "action": ((4,), "int32")}
 channel = shm.connect(sys.argv[1].replace("@", "\\0"), layout, b"worker-7")
 for i in range(3):

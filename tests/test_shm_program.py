@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from trellis import launch
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-from trellis.builders.config import ExperimentConfig
-from trellis.builders.program import make_program
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.program import make_program
 from trellis.envs import EnvFactory
-from trellis.launch import shm
+from trellis.launch import runtime
+from trellis.launch.runtime import shm
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")
 
@@ -66,7 +66,7 @@ def _learner_pid() -> int:
     return found[0]
 
 
-def _program(transport: str = "shm", max_actor_restarts: int = 1) -> launch.Program:
+def _program(transport: str = "shm", max_actor_restarts: int = 1) -> runtime.Program:
     config = ExperimentConfig(num_actors=2, envs_per_actor=8, total_env_steps=10**9,
                               max_actor_restarts=max_actor_restarts, log_every_s=0.5,
                               transport=transport)
@@ -77,7 +77,7 @@ def _program(transport: str = "shm", max_actor_restarts: int = 1) -> launch.Prog
 def test_a_killed_worker_gets_fresh_slots_and_the_old_ones_are_released():
     dev_shm = set(os.listdir("/dev/shm"))
     program = _program()
-    running = launch.launch(program, platform="local_mp", block=False)
+    running = runtime.launch(program, platform="local_mp", block=False)
     try:
         learner = program.handles("learner")[0].dereference()
         victim = program.handles("actor")[0].dereference()
@@ -114,7 +114,7 @@ def test_a_killed_worker_gets_fresh_slots_and_the_old_ones_are_released():
 @pytest.mark.slow
 def test_a_killed_learner_stops_the_program_and_the_workers_see_it():
     program = _program(max_actor_restarts=0)
-    running = launch.launch(program, platform="local_mp", block=False)
+    running = runtime.launch(program, platform="local_mp", block=False)
     try:
         learner = program.handles("learner")[0].dereference()
         _wait_for(lambda: learner.env_steps() > 1_000, "1,000 env steps")
@@ -132,7 +132,7 @@ def test_a_killed_learner_stops_the_program_and_the_workers_see_it():
 @pytest.mark.slow
 def test_the_socket_transport_maps_nothing():
     program = _program(transport="socket")
-    running = launch.launch(program, platform="local_mp", block=False)
+    running = runtime.launch(program, platform="local_mp", block=False)
     try:
         learner = program.handles("learner")[0].dereference()
         _wait_for(lambda: learner.env_steps() > 1_000, "1,000 env steps over the socket")

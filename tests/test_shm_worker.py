@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trellis.builders.base import ArraySpec
-from trellis.builders.env_worker import EnvWorker, shm_layout
-from trellis.builders.inference import InferenceServer, step_specs
+from trellis.builders.contract.agent import ArraySpec
+from trellis.builders.experiments.env_worker import EnvWorker, shm_layout
+from trellis.builders.experiments.inference import InferenceServer, step_specs
 from trellis.envs import EnvFactory
-from trellis.launch import node_context, shm
+from trellis.launch.runtime import node_context, shm
 
 K = 4
 W = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)

@@ -10,7 +10,7 @@ import sys
 import jax
 import pytest
 
-from trellis.builders.experiment import COMPILE_CACHE_SUBDIR, compile_cache
+from trellis.builders.experiments.session import COMPILE_CACHE_SUBDIR, compile_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trellis.builders.counter import CounterSnapshot
-from trellis.builders.stop import StopRule
+from trellis.builders.experiments.counter import CounterSnapshot
+from trellis.builders.experiments.stop import StopRule
 
 
 def snapshot(env_steps=0, returns=()):

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from trellis.builders.config import ConfigError
-from trellis.builders.pbt import Dimension, PBTConfig, SearchSpecError, parse_search
+from trellis.builders.contract.config import ConfigError
+from trellis.builders.experiments.pbt import Dimension, PBTConfig, SearchSpecError, parse_search
 from trellis.launch import tune
 from trellis.launch.flags import UsageError
 
@@ -106,7 +106,7 @@ def test_the_script_exits_2_on_a_bad_search_space():
 
 def test_the_best_trial_is_the_completed_one_with_the_best_final_metric():
     pytest.importorskip("ray.tune")
-    from trellis.builders.tuning import summarize
+    from trellis.builders.experiments.tuning import summarize
 
     trials = [{"trial_id": "c", "status": "completed", "metric": 30.0},
               {"trial_id": "a", "status": "failed", "metric": 90.0},

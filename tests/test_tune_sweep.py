@@ -11,7 +11,7 @@ import time
 import pytest
 
 pytest.importorskip("ray.tune")
-from trellis.builders.tuning import read_events  # noqa: E402
+from trellis.builders.experiments.tuning import read_events  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--agent=impala", "--num_actors=1", "--envs_per_actor=4", "--batch_size=4",

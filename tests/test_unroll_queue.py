@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 
 from trellis import reverb_tables as rt
-from trellis.builders.base import ArraySpec
-from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue, unroll_table_spec
+from trellis.builders.contract.agent import ArraySpec
+from trellis.builders.experiments.unroll_queue import (
+    LocalUnrollQueue,
+    TableUnrollQueue,
+    unroll_table_spec,
+)
 
 T, K = 3, 2
 SPECS = {"obs": ArraySpec((4,), "float32"), "action": ArraySpec((), "int32")}

@@ -33,9 +33,10 @@ class DQNBuilder(AgentBuilder):
         otherwise epsilon-greedy with each row's epsilon from the config's ladder.
 
         Row r gets ladder entry r mod num_epsilons. The inference server lays out each
-        worker's K envs in consecutive rows starting at a multiple of K (builders/inference.py),
-        so when num_epsilons divides K every env slot keeps its own epsilon, as Ape-X's actors
-        do; otherwise the assignment still spreads the ladder over the envs.
+        worker's K envs in consecutive rows starting at a multiple of K
+        (builders/experiments/inference.py), so when num_epsilons divides K every env slot keeps
+        its own epsilon, as Ape-X's actors do; otherwise the assignment still spreads the
+        ladder over the envs.
         """
         c = self.config
         ladder = jnp.asarray(c.epsilons, jnp.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.config import ReplayConfig, setting
+from trellis.builders.contract.config import ReplayConfig, setting
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from trellis.agents.common import AgentBuilder
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.learner import Learner
 from trellis.agents.impala.networks import ImpalaNetworks, make_networks
-from trellis.builders.base import ArraySpec
+from trellis.builders.contract.agent import ArraySpec
 from trellis.envs.specs import EnvSpec
 
 

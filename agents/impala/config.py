@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.config import AgentConfig, setting
+from trellis.builders.contract.config import AgentConfig, setting
 
 # The defaults that depend on the core; a field left at None takes its core's value here.
 # Feed-forward: CartPole-v1 fast on a 2-core machine. LSTM: CartPoleNoVel-v1, where the core

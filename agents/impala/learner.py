@@ -21,7 +21,7 @@ from trellis.agents.common import (
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.losses import impala_loss
 from trellis.agents.impala.networks import ImpalaNetworks
-from trellis.builders.base import recorded_state
+from trellis.builders.contract.agent import recorded_state
 
 
 def make_update(

@@ -10,7 +10,7 @@ from trellis.agents.common import AgentBuilder
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.learner import Learner
 from trellis.agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
-from trellis.builders.base import ArraySpec
+from trellis.builders.contract.agent import ArraySpec
 from trellis.envs.specs import EnvSpec
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.config import AgentConfig, setting
+from trellis.builders.contract.config import AgentConfig, setting
 
 # The defaults that differ on a platform; run.py applies them (flags, --config and --resume
 # still override them). On anakin the whole loop runs in one program and an env step costs

@@ -15,7 +15,7 @@ from trellis.agents.common import AgentBuilder, lstm_initial_state
 from trellis.agents.r2d2.config import R2D2Config
 from trellis.agents.r2d2.learner import Learner
 from trellis.agents.r2d2.networks import R2D2Networks, make_networks
-from trellis.builders.base import ArraySpec, QueueSpec
+from trellis.builders.contract.agent import ArraySpec, QueueSpec
 from trellis.envs.specs import EnvSpec
 
 TABLE = "sequences"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.config import AgentConfig, setting
+from trellis.builders.contract.config import AgentConfig, setting
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ from trellis.agents.r2d2.losses import (
     weighted_sequence_loss,
 )
 from trellis.agents.r2d2.networks import R2D2Networks
-from trellis.builders.base import (
+from trellis.builders.contract.agent import (
     REPLAY_KEY,
     REPLAY_PROBABILITY,
     REPLAY_TABLE_SIZE,

@@ -29,13 +29,13 @@ import jax
 import numpy as np
 
 from trellis.agents.common import ReplayLearner, get_hparams
-from trellis.builders.anakin import Anakin, Population, population_mesh, shards_members
-from trellis.builders.checkpointing import Checkpointer, checkpoint_dir
-from trellis.builders.curves import finish_run_dir
-from trellis.builders.pbt import PopulationPBT
-from trellis.builders.progress import Progress
-from trellis.builders.rundir import RunWriter
-from trellis.builders.stop import StopRule
+from trellis.builders.experiments.anakin import Anakin, Population, population_mesh, shards_members
+from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
+from trellis.builders.experiments.curves import finish_run_dir
+from trellis.builders.experiments.pbt import PopulationPBT
+from trellis.builders.experiments.progress import Progress
+from trellis.builders.experiments.rundir import RunWriter
+from trellis.builders.experiments.stop import StopRule
 
 ANAKIN = "anakin"
 

@@ -20,12 +20,13 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from trellis.launch.node_context import Status
-from trellis.launch.program import Program
+from trellis.launch.runtime.node_context import Status
+from trellis.launch.runtime.program import Program
 
 # Platform name -> module defining `Backend(program)`; imported only when used.
-PLATFORMS = {"local_mt": "trellis.launch.local_mt", "local_mp": "trellis.launch.local_mp",
-             "ray": "trellis.launch.ray_platform"}
+PLATFORMS = {"local_mt": "trellis.launch.runtime.local_mt",
+             "local_mp": "trellis.launch.runtime.local_mp",
+             "ray": "trellis.launch.runtime.ray_platform"}
 
 _EXIT_CODES = {"requested": 0, "completed": 0, "error": 1, "signal": 130}
 _POLL_S = 0.1

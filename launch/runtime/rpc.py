@@ -42,7 +42,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from trellis.launch import node_context
+from trellis.launch.runtime import node_context
 
 _MAGIC = b"TRELLIS-RPC-1"
 _NONCE_BYTES = 32

@@ -18,8 +18,8 @@ from typing import Any
 
 import cloudpickle
 
-from trellis.launch import node_context, rpc
-from trellis.launch.node_context import NodeContext, Status
+from trellis.launch.runtime import node_context, rpc
+from trellis.launch.runtime.node_context import NodeContext, Status
 
 
 class Handle:

@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from trellis.builders.counter import CounterSnapshot
+from trellis.builders.experiments.counter import CounterSnapshot
 
 BUDGET = "budget"
 RETURN_TARGET = "return_target"

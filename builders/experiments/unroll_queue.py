@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trellis.builders.base import STATE_PREFIX, ArraySpec
+from trellis.builders.contract.agent import STATE_PREFIX, ArraySpec
 from trellis.reverb_tables import RateLimiterTimeout, TableSpec
 
 UNROLL_TABLE = "unrolls"

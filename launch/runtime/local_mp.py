@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trellis.launch import program as program_lib
-from trellis.launch import rpc
-from trellis.launch.node_context import NodeContext, Status
+from trellis.launch.runtime import program as program_lib
+from trellis.launch.runtime import rpc
+from trellis.launch.runtime.node_context import NodeContext, Status
 
 _HOST = "127.0.0.1"
 _SECRET_BYTES = 32

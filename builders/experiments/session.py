@@ -1,7 +1,8 @@
 """`run_experiment`: one training run of any builder, with its run directory.
 
 It builds the program (`builders.make_program`), launches it, shows progress, writes the run
-directory (builders/rundir.py) as it goes, and learning_curve.png and summary.json at the end.
+directory (builders/experiments/rundir.py) as it goes, and learning_curve.png and summary.json
+at the end.
 `launch/run.py` calls it for the registered agents; a notebook may call it with a builder of
 its own (on `local_mt`, since a class defined in a notebook cannot be pickled into processes).
 """
@@ -20,13 +21,16 @@ from typing import Any
 
 import jax
 
-from trellis import launch
-from trellis.builders.anakin_run import ANAKIN, PopulationSettings, run_anakin
-from trellis.builders.checkpointing import Checkpoints, checkpoint_dir, latest_checkpoint
-from trellis.builders.curves import finish_run_dir
-from trellis.builders.program import make_program
-from trellis.builders.progress import Progress
-from trellis.builders.rundir import (
+from trellis.builders.experiments.anakin_run import ANAKIN, PopulationSettings, run_anakin
+from trellis.builders.experiments.checkpointing import (
+    Checkpoints,
+    checkpoint_dir,
+    latest_checkpoint,
+)
+from trellis.builders.experiments.curves import finish_run_dir
+from trellis.builders.experiments.program import make_program
+from trellis.builders.experiments.progress import Progress
+from trellis.builders.experiments.rundir import (
     AGENT_CONFIG,
     COMMAND_LINE,
     CONFIG,
@@ -38,6 +42,7 @@ from trellis.builders.rundir import (
     versions,
     write_json,
 )
+from trellis.launch import runtime
 
 
 def _asdict(obj: Any) -> Any:
@@ -67,7 +72,7 @@ def run_experiment(
       config: the experiment settings (builders.config.ExperimentConfig); the learner
         checkpoints into RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
-      platform: "local_mt", "local_mp", "ray" or "anakin" (builders/anakin_run.py).
+      platform: "local_mt", "local_mp", "ray" or "anakin" (builders/experiments/anakin_run.py).
       quiet: no progress output.
       resume: continue from the newest checkpoint in `run_dir`: counters, metrics and curves
         go on from there.
@@ -75,7 +80,7 @@ def run_experiment(
         the env's id only).
       argv: the command line of this session, recorded in config.json's run record.
       extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
-      platform_options: passed on to `launch.launch` (e.g. `ray_address`); for anakin, the
+      platform_options: passed on to `runtime.launch` (e.g. `ray_address`); for anakin, the
         fields of `PopulationSettings`.
       on_stats: called with each stats record of the learner node as it is logged (e.g. to
         report to Ray Tune); returning True stops the run (stopped_by "signal").
@@ -94,7 +99,7 @@ def run_experiment(
         resume_steps, resume_elapsed = progress["env_steps"], float(progress.get("elapsed_s", 0))
     options = options or {"env": getattr(env_factory, "env_id", repr(env_factory))}
     _write_config(run_dir, builder, config, options, argv, resume_steps)
-    if platform == ANAKIN:  # One jitted program, no program graph (builders/anakin_run.py).
+    if platform == ANAKIN:  # One jitted program, no program graph (anakin_run.py).
         return run_anakin(builder, env_factory, config, run_dir,
                           PopulationSettings(**(platform_options or {})), quiet=quiet,
                           resume=(step, progress) if resume else None, options=options)
@@ -109,7 +114,7 @@ def run_experiment(
     # SIGTERM ends the run like Ctrl-C: nodes stopped, summary written.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
     start, launched_at = time.monotonic(), time.time()
-    running = launch.launch(program, platform=platform, block=False,
+    running = runtime.launch(program, platform=platform, block=False,
                             **(platform_options or {}))
     try:
         # Ctrl-C and SIGTERM stop the program through the launcher's flag for the whole loop: a

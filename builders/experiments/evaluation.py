@@ -9,10 +9,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis import launch
-from trellis.builders.base import Builder, Policy
-from trellis.builders.config import ExperimentConfig
+from trellis.builders.contract.agent import Builder, Policy
+from trellis.builders.contract.config import ExperimentConfig
 from trellis.envs.factory import EnvFactory
+from trellis.launch import runtime
 
 
 def run_episodes(
@@ -97,7 +97,7 @@ class Evaluator:
         seed = config.seed * 10_007 + 9_973  # Apart from every env worker's seeds.
         envs = self._factory.make_vector(config.eval_episodes, seed=seed)
         key = jax.random.PRNGKey(seed)
-        stop = launch.stop_event()
+        stop = runtime.stop_event()
         next_eval = None
         try:
             while not stop.is_set():

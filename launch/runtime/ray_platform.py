@@ -1,8 +1,9 @@
 """The `ray` platform: every node is a Ray actor, on a local Ray instance or on a cluster.
 
 Ray places the nodes (by the resources their groups ask for), starts and kills their processes;
-nodes still call each other over the program's authenticated TCP RPC (launch/rpc.py), so clients
-keep exactly the sync and `.futures` semantics of `local_mp`. Each actor first reports the IP of
+nodes still call each other over the program's authenticated TCP RPC (launch/runtime/rpc.py), so
+clients keep exactly the sync and `.futures` semantics of `local_mp`. Each actor first reports
+the IP of
 the Ray node it landed on and a free port there: that becomes the node's address, which handles
 carry. On a cluster of several Ray nodes, the nodes that ask for a GPU or a custom resource are
 placed first, before any CPU-only node asks for room (see `_placement_waves`). Then its
@@ -32,9 +33,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trellis.launch import program as program_lib
-from trellis.launch import rpc
-from trellis.launch.node_context import NodeContext, Status
+from trellis.launch.runtime import program as program_lib
+from trellis.launch.runtime import rpc
+from trellis.launch.runtime.node_context import NodeContext, Status
 
 _SECRET_BYTES = 32
 _STATUS_POLL_S = 0.5  # How long an actor holds a status long-poll open.

@@ -2,7 +2,7 @@
 
 Policy inference happens on the learner's accelerator: every step the worker sends the
 K current observations to the inference server and gets K actions back. On the server's host
-they travel through shared memory (`launch.shm`: the worker writes its step into its slots,
+they travel through shared memory (`runtime.shm`: the worker writes its step into its slots,
 one byte wakes the server, one byte says the actions are there); elsewhere, or where shared
 memory cannot be had, through the `step` RPC.
 
@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from trellis import launch
 from trellis.envs.factory import EnvFactory
 from trellis.envs.specs import EnvSpec
-from trellis.launch import shm
-from trellis.launch.node_context import StopEvent
+from trellis.launch import runtime
+from trellis.launch.runtime import shm
+from trellis.launch.runtime.node_context import StopEvent
 
 # The one-byte messages of a shared-memory step: the worker's request, the server's answers.
 REQUEST, ACTIONS, STOPPING, FAILED = 1, 2, 3, 4
@@ -91,7 +91,7 @@ class EnvWorker:
         shared-memory hub listens, if it has one).
       worker_id: index of this worker; the inference server owns its env slots.
       num_envs: K, the envs this worker steps in lockstep.
-      seed: base seed of the first run; a restarted worker (see `launch.restart_count`) seeds
+      seed: base seed of the first run; a restarted worker (see `runtime.restart_count`) seeds
         its envs from (seed, restart count) instead, so it does not replay its first episodes.
         Each run draws a fresh run id, so the server resets the worker's slots.
     """
@@ -119,7 +119,7 @@ class EnvWorker:
 
     def run(self) -> None:
         run_id = secrets.randbits(62)  # New process, new id: the server resets our slots.
-        restarts = launch.restart_count()
+        restarts = runtime.restart_count()
         seed = self._seed
         if restarts:
             seed = int(np.random.SeedSequence((self._seed, restarts)).generate_state(1)[0])
@@ -127,7 +127,7 @@ class EnvWorker:
         channel = self._shm_channel(run_id)
         try:
             step = (self._socket_step(run_id) if channel is None
-                    else shm_step(channel, launch.stop_event()))
+                    else shm_step(channel, runtime.stop_event()))
             self._loop(envs, step, seed)
         finally:
             envs.close()
@@ -162,7 +162,7 @@ class EnvWorker:
         first = np.ones(k, bool)
         episodes = EpisodeTracker(k)
         finished: list[tuple[float, int]] = []
-        stop = launch.stop_event()
+        stop = runtime.stop_event()
         while not stop.is_set():
             actions = step(obs, reward, terminated, truncated, first, finished)
             if actions is None:  # The server is shutting down.

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from trellis import launch
-from trellis.builders.base import Builder
-from trellis.builders.checkpointing import Checkpoints
-from trellis.builders.config import ExperimentConfig
-from trellis.builders.env_worker import EnvWorker
-from trellis.builders.evaluation import Evaluator
-from trellis.builders.inference import step_specs
-from trellis.builders.learner_node import LearnerNode, agent_table, max_unrolls
-from trellis.builders.unroll_queue import unroll_table_spec
+from trellis.builders.contract.agent import Builder
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.checkpointing import Checkpoints
+from trellis.builders.experiments.env_worker import EnvWorker
+from trellis.builders.experiments.evaluation import Evaluator
+from trellis.builders.experiments.inference import step_specs
+from trellis.builders.experiments.learner_node import LearnerNode, agent_table, max_unrolls
+from trellis.builders.experiments.unroll_queue import unroll_table_spec
 from trellis.envs.factory import EnvFactory
+from trellis.launch import runtime
 from trellis.reverb_tables import ReplayNode
 
 
@@ -21,7 +21,7 @@ def make_program(
     config: ExperimentConfig,
     name: str = "trellis",
     checkpoints: Checkpoints | None = None,
-) -> launch.Program:
+) -> runtime.Program:
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
     Env workers are restarted up to `config.max_actor_restarts` times each; the learner is
@@ -38,7 +38,7 @@ def make_program(
       The program; its "learner" group holds one node whose handle is the env workers'
       inference server and answers `stats()`.
     """
-    program = launch.Program(name)
+    program = runtime.Program(name)
     replay = None
     spec = env_factory.spec()
     table = agent_table(builder, spec)
@@ -51,22 +51,22 @@ def make_program(
     if table is not None:
         with program.group("replay"):
             replay = program.add_node(
-                launch.CourierNode(ReplayNode, [table], config.replay_backend, config.seed))
+                runtime.CourierNode(ReplayNode, [table], config.replay_backend, config.seed))
     # On a cluster (platform "ray") the learner lands where the accelerator is and env
     # workers on CPU machines; other platforms ignore resources.
     with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(
-            launch.CourierNode(LearnerNode, builder, env_factory, config, replay, checkpoints))
+            runtime.CourierNode(LearnerNode, builder, env_factory, config, replay, checkpoints))
     # A restarted env worker comes back with a new run id; inference then drops its partial
     # unrolls, so no unroll spans the restart.
     with program.group("actor", max_restarts=config.max_actor_restarts,
                        resources={"CPU": 1}):
         for i in range(config.num_actors):
             seed = config.seed * 10_007 + i + 1  # Distinct per actor, reproducible per run.
-            program.add_node(launch.CourierNode(
+            program.add_node(runtime.CourierNode(
                 EnvWorker, env_factory, learner, i, config.envs_per_actor, seed
             ))
     if config.eval_every > 0:
         with program.group("evaluator"):
-            program.add_node(launch.CourierNode(Evaluator, builder, env_factory, learner, config))
+            program.add_node(runtime.CourierNode(Evaluator, builder, env_factory, learner, config))
     return program

@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from trellis.builders.base import STATE_PREFIX, ArraySpec, Policy, State, state_specs
-from trellis.builders.env_worker import ACTIONS, FAILED, REQUEST, STOPPING, unpack_hello
+from trellis.builders.contract.agent import STATE_PREFIX, ArraySpec, Policy, State, state_specs
+from trellis.builders.experiments.env_worker import ACTIONS, FAILED, REQUEST, STOPPING, unpack_hello
 from trellis.envs.specs import EnvSpec
-from trellis.launch import shm
+from trellis.launch.runtime import shm
 
 Episodes = Sequence[tuple[float, int]]
 _INPUTS = ("obs", "reward", "terminated", "truncated", "first")

@@ -33,11 +33,11 @@ from ray import tune  # noqa: E402
 from ray.tune.search import BasicVariantGenerator  # noqa: E402
 
 from trellis.agents.registry import agent_module  # noqa: E402
-from trellis.builders.checkpointing import CHECKPOINT_SUBDIR  # noqa: E402
-from trellis.builders.config import ExperimentConfig  # noqa: E402
-from trellis.builders.experiment import run_experiment  # noqa: E402
-from trellis.builders.pbt import Dimension, PBTConfig  # noqa: E402
-from trellis.builders.rundir import read_json, read_metrics, write_json  # noqa: E402
+from trellis.builders.contract.config import ExperimentConfig  # noqa: E402
+from trellis.builders.experiments.checkpointing import CHECKPOINT_SUBDIR  # noqa: E402
+from trellis.builders.experiments.pbt import Dimension, PBTConfig  # noqa: E402
+from trellis.builders.experiments.rundir import read_json, read_metrics, write_json  # noqa: E402
+from trellis.builders.experiments.session import run_experiment  # noqa: E402
 from trellis.envs import make_env_factory  # noqa: E402
 
 SCHEDULERS = ("fifo", "asha", "pbt")

@@ -20,24 +20,28 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis import launch
-from trellis.builders.base import (
+from trellis.builders.contract.agent import (
     REPLAY_KEY,
     REPLAY_PROBABILITY,
     REPLAY_TABLE_SIZE,
     Builder,
     QueueSpec,
 )
-from trellis.builders.checkpointing import Checkpointer, Checkpoints
-from trellis.builders.config import ExperimentConfig
-from trellis.builders.counter import Counter, CounterSnapshot, StepRate
-from trellis.builders.env_worker import shm_layout
-from trellis.builders.inference import InferenceServer, step_specs
-from trellis.builders.stop import StopRule
-from trellis.builders.unroll_queue import LocalUnrollQueue, TableUnrollQueue, unroll_signature
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
+from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
+from trellis.builders.experiments.env_worker import shm_layout
+from trellis.builders.experiments.inference import InferenceServer, step_specs
+from trellis.builders.experiments.stop import StopRule
+from trellis.builders.experiments.unroll_queue import (
+    LocalUnrollQueue,
+    TableUnrollQueue,
+    unroll_signature,
+)
 from trellis.envs.factory import EnvFactory
 from trellis.envs.specs import EnvSpec
-from trellis.launch.node_context import StopEvent
+from trellis.launch import runtime
+from trellis.launch.runtime.node_context import StopEvent
 from trellis.reverb_tables import RateLimiterTimeout, ReplayClient, StreamingWriter, TableSpec
 
 UnrollQueue = LocalUnrollQueue | TableUnrollQueue
@@ -283,7 +287,7 @@ class LearnerNode:
     (`builders.counter`, fed by `step` and the learner loop), the stop rule (`builders.stop`)
     and the learner loop, which only moves batches and params (next batch -> learner update
     -> params to inference), asking the stop rule and the checkpoint timer between updates.
-    When the rule gives a reason the program stops (`launch.request_stop`) with the final
+    When the rule gives a reason the program stops (`runtime.request_stop`) with the final
     stats as `info`.
 
     With `checkpoints`, the learner state and the counter are checkpointed every
@@ -326,7 +330,7 @@ class LearnerNode:
         self._log_timer = _Interval(config.log_every_s, due_now=True)
         self._rate = StepRate(self._counter.env_steps())
         queue_spec = builder.queue_spec()
-        self._stop = launch.stop_event()
+        self._stop = runtime.stop_event()
         self._feed: UnrollFeed | ReplayFeed = (
             UnrollFeed(_unroll_queue(queue_spec, config, client), queue_spec.batch_size,
                        self._stop) if table is None
@@ -424,7 +428,7 @@ class LearnerNode:
             final = self._counter.snapshot()
             self._save_checkpoint(final)
             if reason is not None:
-                launch.request_stop(reason, info=self._stats(final))
+                runtime.request_stop(reason, info=self._stats(final))
         finally:
             self._inference.join(timeout=5.0)
             self._feed.close()

@@ -37,8 +37,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trellis.agents.common import get_hparams, set_hparams
-from trellis.builders.counter import CounterSnapshot
-from trellis.builders.pbt import LISTS, Dimension, PopulationPBT, quantile_size
+from trellis.builders.experiments.counter import CounterSnapshot
+from trellis.builders.experiments.pbt import LISTS, Dimension, PopulationPBT, quantile_size
 
 # --- Episode statistics on the device ---------------------------------------------------
 

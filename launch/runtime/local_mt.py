@@ -15,9 +15,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from trellis.launch import node_context, rpc
-from trellis.launch import program as program_lib
-from trellis.launch.node_context import NodeContext, Status
+from trellis.launch.runtime import node_context, rpc
+from trellis.launch.runtime import program as program_lib
+from trellis.launch.runtime.node_context import NodeContext, Status
 
 
 class Backend:

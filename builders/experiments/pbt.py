@@ -1,5 +1,5 @@
 """What sweeps and population-based training search over, shared by Ray Tune sweeps
-(builders/tuning.py, launch/tune.py) and PBT on the device (the anakin platform).
+(builders/experiments/tuning.py, launch/tune.py) and PBT on the device (the anakin platform).
 
 `PBTConfig` holds the `--pbt_*` settings, which mean the same on both. `parse_search` reads
 one `--search NAME=KIND:ARGS` spec into a `Dimension`; `PopulationPBT` is what the anakin
@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from trellis.builders.config import Config, setting
+from trellis.builders.contract.config import Config, setting
 
 # The kinds of `--search` specs, with what they take: number ranges or value lists.
 RANGES = ("loguniform", "uniform", "randint")
@@ -54,7 +54,7 @@ class Dimension:
 
 @dataclasses.dataclass(frozen=True)
 class PopulationPBT:
-    """PBT inside an anakin population's program (builders/anakin.py).
+    """PBT inside an anakin population's program (builders/experiments/anakin.py).
 
     Attributes:
       config: the `--pbt_*` settings.

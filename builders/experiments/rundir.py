@@ -6,7 +6,7 @@
       events.out.tfevents.* TensorBoard scalars (tensorboardX: no TensorFlow needed)
       summary.json         how and when the run stopped
       learning_curve.png   return vs env steps and vs wall time (launch/plot.py)
-      checkpoints/         learner checkpoints (builders/checkpointing.py)
+      checkpoints/         learner checkpoints (builders/experiments/checkpointing.py)
 
 Nothing here imports JAX: the launcher process only writes files.
 """

@@ -16,7 +16,7 @@ from typing import Any
 import matplotlib
 import numpy as np
 
-from trellis.builders.rundir import (
+from trellis.builders.experiments.rundir import (
     AGENT_CONFIG,
     COMMAND_LINE,
     CONFIG,

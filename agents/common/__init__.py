@@ -1,0 +1,51 @@
+"""What the agents share, one module per concern; agents import from here, never from each other.
+
+- `torsos`, `recurrent`, `normalization`, `distributions`: network pieces;
+- `training`: the training state, the optimizer, hyper-parameters held as arrays;
+- `learners`: the host shells that run a pure update on a device mesh (`DataParallelLearner`,
+  and `ReplayLearner` over the n-step transitions of `replay`);
+- `builder`: `AgentBuilder`, the base of every builder.
+
+A new agent is its networks, losses and update, and a short `AgentBuilder` subclass
+(notebooks/custom_agent.ipynb).
+"""
+
+from trellis.agents.common.builder import AgentBuilder
+from trellis.agents.common.distributions import diagonal_gaussian_log_prob
+from trellis.agents.common.learners import Batch, DataParallelLearner, ReplayLearner, Update
+from trellis.agents.common.normalization import (
+    OBS_NORM,
+    ObservationNormalizer,
+    initial_moments,
+    update_moments,
+)
+from trellis.agents.common.recurrent import LSTMCore, LSTMState, lstm_initial_state, reset_where
+from trellis.agents.common.replay import TransitionReplay, unrolls_to_transitions
+from trellis.agents.common.torsos import (
+    ConvTorso,
+    ImpalaResNetTorso,
+    MLPTorso,
+    ResidualBlock,
+    channels_first,
+    make_torso,
+)
+from trellis.agents.common.training import (
+    TargetNetworkState,
+    TrainingState,
+    get_hparams,
+    importance_weights,
+    init_target_network_state,
+    init_training_state,
+    make_optimizer,
+    set_hparams,
+)
+
+__all__ = [
+    "OBS_NORM", "AgentBuilder", "Batch", "ConvTorso", "DataParallelLearner", "ImpalaResNetTorso",
+    "LSTMCore", "LSTMState", "MLPTorso", "ObservationNormalizer", "ReplayLearner",
+    "ResidualBlock", "TargetNetworkState", "TrainingState", "TransitionReplay", "Update",
+    "channels_first", "diagonal_gaussian_log_prob", "get_hparams", "importance_weights",
+    "init_target_network_state", "init_training_state", "initial_moments", "lstm_initial_state",
+    "make_optimizer", "make_torso", "reset_where", "set_hparams", "unrolls_to_transitions",
+    "update_moments",
+]

@@ -1,0 +1,174 @@
+"""The host shells of the pure update: `DataParallelLearner` (a device mesh) and its off-policy
+variant `ReplayLearner` (n-step transitions replayed in-process)."""
+
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from trellis import reverb_tables as rt
+from trellis.agents.common.replay import TransitionReplay
+from trellis.agents.common.training import get_hparams, set_hparams
+from trellis.builders.contract.config import ReplayConfig
+
+Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
+Update = Callable[[Any, Batch], tuple[Any, dict]]
+
+
+class DataParallelLearner:
+    """Owns a training state on a device mesh and runs a jitted `update` on host batches.
+
+    Data parallel over `devices` (default: all local devices): axis 1 (B) of every batch
+    leaf is sharded over the mesh axis "data", the state is replicated, and XLA inserts the
+    gradient all-reduce. Agents subclass it with their own `init` and `update`.
+
+    Args:
+      init: `init(key) -> state`, jitted once (one compiled call instead of many small eager
+        ops: seconds faster at start-up).
+      make_update: `make_update(mesh) -> update(state, batch) -> (state, metrics)`; gets the
+        mesh so an update may constrain the sharding of what it builds inside (minibatches).
+      key: the learner's root key.
+      batch_size: B; must divide evenly over the devices.
+      devices: the learner devices.
+
+    Raises:
+      ValueError: `batch_size` does not divide over the devices.
+    """
+
+    def __init__(
+        self,
+        init: Callable[[jax.Array], Any],
+        make_update: Callable[[Mesh], Update],
+        key: jax.Array,
+        batch_size: int,
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        devices = list(devices if devices is not None else jax.local_devices())
+        if batch_size % len(devices):
+            raise ValueError(
+                f"batch_size={batch_size} must be divisible by the number of learner "
+                f"devices ({len(devices)}) to shard the batch evenly."
+            )
+        self.mesh = Mesh(np.array(devices), ("data",))
+        # The pure pieces, kept for the anakin platform (builders/experiments/anakin.py),
+        # which jits them into its own act-and-learn program.
+        self.init, self.make_update = init, make_update
+        self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
+        self._key = key
+        self._update = jax.jit(
+            make_update(self.mesh),
+            in_shardings=(replicated, self._batch_sharding),
+            # No donation: inference may still be reading the params published last step.
+            out_shardings=(replicated, replicated),
+        )
+
+    @functools.cached_property
+    def _state(self) -> Any:
+        # Made at first use: the anakin platform keeps only the pure pieces and never needs
+        # it (a second or so of compiling at its start). Assignments replace it.
+        return jax.jit(self.init, out_shardings=self._replicated)(self._key)
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
+        """One update on a host batch; returns the metrics as device scalars."""
+        batch = jax.device_put(dict(batch), self._batch_sharding)
+        self._state, metrics = self._update(self._state, batch)
+        return metrics
+
+    @property
+    def params(self):
+        return self._state.params
+
+    @property
+    def state(self):
+        """The whole training state (a pytree): what checkpoints save."""
+        return self._state
+
+    def restore(self, state) -> None:
+        """Replaces the training state, e.g. with one read from a checkpoint, keeping this
+        learner's hyper-parameters (`get_hparams`).
+
+        Raises:
+          ValueError: `state` is not structured like this learner's state.
+        """
+        expected, got = jax.tree.structure(self._state), jax.tree.structure(state)
+        if expected != got:
+            raise ValueError(f"cannot restore a learner state shaped {got}; expected {expected}")
+        # The hyper-parameters stay this learner's (its config's): a resumed run's flags and
+        # PBT's new values apply to the params, moments, key and step that `state` brings.
+        state = set_hparams(state, get_hparams(self._state))
+        self._state = jax.device_put(state, self._replicated)
+
+
+class ReplayLearner(DataParallelLearner):
+    """Host shell of an off-policy learner: unrolls in, replay, jitted SGD steps, priorities out.
+
+    Each `step` turns the unrolls from inference into n-step transitions in an in-process
+    table (`agents.replay.TransitionReplay`) and, once it holds `min_replay_size`, samples
+    `updates_per_step` minibatches of `sample_batch_size` and runs the update on them in one
+    jitted call. When the update returns `priorities` [U, S] they are written back, and new
+    transitions enter at the largest priority so far, so each is sampled at least once soon
+    (Schaul et al., 2016); a uniform selector ignores priorities. The table is not
+    checkpointed: a resumed run refills it before learning again.
+
+    Args:
+      init: `init(key) -> state`, as for `DataParallelLearner`.
+      make_update: `make_update(mesh) -> update(state, minibatches) -> (state, metrics)`, the
+        minibatches as `TransitionReplay.sample` gives them, each leaf [U, S, ...].
+      key: split into the learner's key and the table's sampling seed.
+      config: the agent's replay settings.
+      selector: how the table samples, e.g. `rt.Prioritized(0.6)` or `rt.Uniform()`.
+      obs_spec, action_spec: (shape, dtype) of one observation and one action.
+      devices: the learner devices.
+    """
+
+    def __init__(
+        self,
+        init: Callable[[jax.Array], Any],
+        make_update: Callable[[Mesh], Update],
+        key: jax.Array,
+        config: ReplayConfig,
+        selector: rt.Selector,
+        obs_spec: tuple[tuple[int, ...], str],
+        action_spec: tuple[tuple[int, ...], str],
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        self._config = config
+        learner_key, table_key = jax.random.split(key)
+        super().__init__(init=init, make_update=make_update, key=learner_key,
+                         batch_size=config.sample_batch_size, devices=devices)
+        self.replay = TransitionReplay(
+            selector, config.replay_size, obs_spec, action_spec, config.n_step, config.discount,
+            seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))
+        self._max_priority = 1.0
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
+        """Inserts the unrolls' transitions, then learns once the table is large enough.
+
+        Args:
+          batch: unrolls {field: [T + 1, B, ...]} as recorded by inference.
+
+        Returns:
+          The update's metrics (device scalars) and `replay_size`; only `replay_size`
+          before learning starts.
+        """
+        c = self._config
+        size = self.replay.add(batch, self._max_priority)
+        if size < c.min_replay_size:
+            return {"replay_size": size}
+        minibatches, keys = self.replay.sample(c.updates_per_step, c.sample_batch_size)
+        metrics = dict(super().step(minibatches))
+        if "priorities" in metrics:
+            priorities = np.asarray(metrics.pop("priorities"), np.float64).reshape(-1)
+            # An item drawn twice keeps its latest priority.
+            self.replay.table.update_priorities(dict(zip(keys.tolist(), priorities.tolist(),
+                                                         strict=True)))
+            self._max_priority = max(self._max_priority, float(priorities.max()))
+        metrics["replay_size"] = size
+        return metrics

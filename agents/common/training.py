@@ -1,0 +1,145 @@
+"""The training state, the optimizer, and the hyper-parameters a state holds as arrays."""
+
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from trellis.builders.contract.config import AgentConfig
+
+
+def make_optimizer(config: AgentConfig) -> optax.GradientTransformation:
+    """Adam after global-norm gradient clipping, as `config` sets them.
+
+    The learning rate is injected (`optax.inject_hyperparams`): it lives in the optimizer
+    state as an array, so checkpoints keep it and `set_hparams` changes it without a
+    recompilation. Adam's other settings stay constants of the compiled update.
+    """
+    adam = optax.inject_hyperparams(optax.adam, static_args=("b1", "b2", "eps", "eps_root"))
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        adam(learning_rate=config.learning_rate, eps=config.adam_eps),
+    )
+
+
+@flax.struct.dataclass
+class TrainingState:
+    params: Any
+    opt_state: optax.OptState
+    key: jax.Array
+    step: jax.Array
+    # Hyper-parameters the update reads from the state, not from its config (e.g.
+    # entropy_cost): float32 scalars, so PBT and populations change them without recompiling.
+    hparams: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
+
+
+def init_training_state(
+    init_params: Callable[[jax.Array], Any],
+    optimizer: optax.GradientTransformation,
+    key: jax.Array,
+    hparams: Mapping[str, float] | None = None,
+) -> TrainingState:
+    """Fresh params and optimizer state; the rest of `key` becomes the state's own key.
+
+    Args:
+      init_params: `init_params(key) -> params`.
+      optimizer: e.g. `make_optimizer(config)`.
+      key: the learner's key.
+      hparams: the hyper-parameters the update reads from `state.hparams`, with their
+        initial values (from the config).
+    """
+    init_key, state_key = jax.random.split(key)
+    params = init_params(init_key)
+    return TrainingState(params, optimizer.init(params), state_key, jnp.zeros((), jnp.int32),
+                         {name: jnp.asarray(v, jnp.float32) for name, v in (hparams or {}).items()})
+
+
+@flax.struct.dataclass
+class TargetNetworkState:
+    """The training state of a value-based learner with a target network (DQN, R2D2)."""
+
+    params: Any
+    target_params: Any
+    opt_state: optax.OptState
+    key: jax.Array
+    step: jax.Array  # SGD steps taken.
+
+
+def init_target_network_state(init_params: Callable[[jax.Array], Any],
+                              optimizer: optax.GradientTransformation,
+                              key: jax.Array) -> TargetNetworkState:
+    """Fresh online params, the target network a copy of them."""
+    init_key, state_key = jax.random.split(key)
+    params = init_params(init_key)
+    return TargetNetworkState(params, params, optimizer.init(params), state_key,
+                              jnp.zeros((), jnp.int32))
+
+
+def importance_weights(probabilities: jax.Array, table_size: jax.Array,
+                       exponent: float) -> jax.Array:
+    """(N P(i))^-exponent, divided by the batch's largest so weights only scale down
+    (Schaul et al., 2016, section 3.4): prioritized replay's correction.
+
+    Args:
+      probabilities: [B] probability with which each item was sampled.
+      table_size: [B] N, the table's size when each was sampled.
+      exponent: beta.
+
+    Returns:
+      [B] weights in (0, 1].
+    """
+    chex.assert_rank([probabilities, table_size], 1)
+    weights = (table_size * probabilities) ** -exponent
+    return weights / jnp.max(weights)
+
+
+# --- Hyper-parameters in a training state ---------------------------------------------
+#
+# A state's hyper-parameters are the injected ones of its optimizer states (the learning
+# rate; SAC's three optimizers share it) and its `hparams` field. They are arrays the jitted
+# update reads, so these helpers work on any state, inside jit and vmap too.
+
+
+def _is_injected(node: Any) -> bool:
+    return isinstance(node, optax.InjectStatefulHyperparamsState)
+
+
+def get_hparams(state: Any) -> dict[str, jax.Array]:
+    """The hyper-parameters held by a training state: {name: scalar array}."""
+    found: dict[str, jax.Array] = {}
+    for node in jax.tree.leaves(state, is_leaf=_is_injected):
+        if _is_injected(node):
+            found.update(node.hyperparams)
+    found.update(getattr(state, "hparams", {}))
+    return found
+
+
+def set_hparams(state: Any, values: Mapping[str, Any]) -> Any:
+    """A copy of `state` with the hyper-parameters in `values` replaced (keeping their dtypes).
+
+    Raises:
+      ValueError: a name in `values` is not a hyper-parameter of `state`.
+    """
+    held = get_hparams(state)
+    unknown = sorted(set(values) - set(held))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} not among this training state's "
+                         f"hyper-parameters ({', '.join(sorted(held)) or 'none'})")
+
+    def put(hparams: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        return {name: jnp.asarray(values[name], jnp.result_type(v)) if name in values else v
+                for name, v in hparams.items()}
+
+    state = jax.tree.map(
+        lambda node: node._replace(hyperparams=put(node.hyperparams)) if _is_injected(node)
+        else node, state, is_leaf=_is_injected)
+    if isinstance(getattr(state, "hparams", None), dict):
+        state = state.replace(hparams=put(state.hparams))
+    return state
