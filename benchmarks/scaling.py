@@ -6,7 +6,8 @@ learner) runs to the env-step budget, and its rate is measured by the learner no
 benchmarks/throughput.py (counted from the learner's start, so start-up is left out).
 
 Usage: python benchmarks/scaling.py [--platforms local_mp,ray] [--max_workers N]
-       [--envs_per_actor 32] [--env_steps 200000] [--repeats 1] [--out docs/scaling.png]
+       [--envs_per_actor 32] [--env_steps 200000] [--transport shm] [--repeats 1]
+       [--out docs/scaling.png]
 Workers go 1..N, N = the cores this process may use unless --max_workers is given.
 Writes the plot to --out, prints a table, then one JSON object with every figure as the
 last line.
@@ -30,7 +31,7 @@ def measure(factory: EnvFactory, platform_name: str, num_actors: int, args) -> d
     """Median env and learner steps/s over `args.repeats` runs, and every run's figures."""
     run_args = argparse.Namespace(num_actors=num_actors, envs_per_actor=args.envs_per_actor,
                                   env_steps=args.env_steps)
-    runs = [pipeline(factory, platform_name, run_args, learn=True)
+    runs = [pipeline(factory, platform_name, args.transport, run_args, learn=True)
             for _ in range(args.repeats)]
     return {
         "env_steps_per_s": statistics.median(r["env_steps_per_s"] for r in runs),
@@ -77,6 +78,8 @@ def main() -> None:
                    help="last worker count (default: the number of cores)")
     p.add_argument("--envs_per_actor", type=int, default=32)
     p.add_argument("--env_steps", type=int, default=200_000)
+    p.add_argument("--transport", default="shm", choices=("shm", "socket"),
+                   help="how env workers reach inference (ExperimentConfig.transport)")
     p.add_argument("--repeats", type=int, default=1, help="runs per point; the median is kept")
     p.add_argument("--out", default="docs/scaling.png")
     args = p.parse_args()
@@ -95,12 +98,13 @@ def main() -> None:
     load_end = os.getloadavg()
 
     machine = f"{platform.machine()}, {cores} cores"
-    title = f"IMPALA {args.env}, {args.envs_per_actor} envs per worker ({machine})"
+    title = (f"IMPALA {args.env}, {args.envs_per_actor} envs per worker, {args.transport} "
+             f"({machine})")
     plot(results, platforms, workers, cores, title, args.out)
 
     print()
-    print(f"{args.env}, IMPALA, {args.envs_per_actor} envs per worker, {args.env_steps:,} env "
-          f"steps per run, median of {args.repeats}; {machine}")
+    print(f"{args.env}, IMPALA, {args.envs_per_actor} envs per worker over {args.transport}, "
+          f"{args.env_steps:,} env steps per run, median of {args.repeats}; {machine}")
     print(f"load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
     header = f"{'workers':>7}"
     for name in platforms:
@@ -119,6 +123,7 @@ def main() -> None:
         "env": args.env,
         "envs_per_actor": args.envs_per_actor,
         "env_steps": args.env_steps,
+        "transport": args.transport,
         "repeats": args.repeats,
         "machine": machine,
         "cores": cores,
