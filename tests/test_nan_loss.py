@@ -49,8 +49,9 @@ class NanRewardBuilder(ImpalaBuilder):
         super().__init__(config)
         self._directory = directory
 
-    def make_learner(self, networks, spec, key):
-        learner = NanRewardLearner(super().make_learner(networks, spec, key), self._directory)
+    def make_learner(self, networks, spec, key, **kwargs):
+        learner = NanRewardLearner(super().make_learner(networks, spec, key, **kwargs),
+                                   self._directory)
         LEARNERS.append(learner)
         return learner
 

@@ -12,7 +12,7 @@ A new agent is its networks, losses and update, and a short `AgentBuilder` subcl
 
 from trellis.agents.common.builder import AgentBuilder
 from trellis.agents.common.distributions import diagonal_gaussian_log_prob
-from trellis.agents.common.learners import Batch, DataParallelLearner, ReplayLearner, Update
+from trellis.agents.common.learners import Batch, DataParallelLearner, ReplayLearner
 from trellis.agents.common.normalization import (
     OBS_NORM,
     ObservationNormalizer,
@@ -43,7 +43,7 @@ from trellis.agents.common.training import (
 __all__ = [
     "OBS_NORM", "AgentBuilder", "Batch", "ConvTorso", "DataParallelLearner", "ImpalaResNetTorso",
     "LSTMCore", "LSTMState", "MLPTorso", "ObservationNormalizer", "ReplayLearner",
-    "ResidualBlock", "TargetNetworkState", "TrainingState", "TransitionReplay", "Update",
+    "ResidualBlock", "TargetNetworkState", "TrainingState", "TransitionReplay",
     "channels_first", "diagonal_gaussian_log_prob", "get_hparams", "importance_weights",
     "init_target_network_state", "init_training_state", "initial_moments", "lstm_initial_state",
     "make_optimizer", "make_torso", "reset_where", "set_hparams", "unrolls_to_transitions",

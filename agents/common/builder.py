@@ -4,22 +4,31 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 from trellis import reverb_tables as rt
-from trellis.builders.contract.agent import ArraySpec, Learner, Policy, QueueSpec
+from trellis.agents.common.learners import DataParallelLearner
+from trellis.builders.contract.agent import (
+    ArraySpec,
+    Capabilities,
+    Learner,
+    Policy,
+    QueueSpec,
+    Training,
+)
 from trellis.builders.contract.config import AgentConfig
 from trellis.envs.specs import EnvSpec
 
 
 class AgentBuilder(abc.ABC):
-    """What every builder shares (the contract is `builders.base.Builder`).
+    """What every builder shares (the contract is `builders.contract.agent.Builder`).
 
-    A subclass writes `make_networks`, `make_policy` and `make_learner`, `extras_spec`
+    A subclass writes `capabilities`, `make_networks`, `make_policy` and `make_training`
+    (and `make_learner` when it learns from replay), `extras_spec`
     when its policy records something beside the action, and `initial_state` when its policy
     is recurrent. Acting is SEED-style: the central
     inference server runs the policy and records the unrolls.
@@ -48,7 +57,7 @@ class AgentBuilder(abc.ABC):
 
     def replay_table(self, signature: Mapping[str, ArraySpec]) -> rt.TableSpec | None:
         """The agent's own replay table: none (unrolls reach the learner in order) unless
-        overridden (`builders.base.Builder.replay_table`)."""
+        overridden (`builders.contract.agent.Builder.replay_table`)."""
         del signature
         return None
 
@@ -59,8 +68,28 @@ class AgentBuilder(abc.ABC):
     @abc.abstractmethod
     def make_policy(self, networks: Any, evaluation: bool = False) -> Policy:
         """`policy(params, key, obs[N, ...], state, first[N]) -> (actions[N, ...], extras,
-        new_state)` (`builders.base.Policy`)."""
+        new_state)` (`builders.contract.agent.Policy`)."""
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What the agent can do (`builders.contract.agent.Capabilities`)."""
 
     @abc.abstractmethod
-    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array) -> Learner:
-        """The learner, owning the training state, seeded from `key`."""
+    def make_training(self, networks: Any, spec: EnvSpec) -> Training:
+        """The pure init and update (`builders.contract.agent.Training`)."""
+
+    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
+        """`make_training`'s pieces on a device mesh, fed unrolls in order
+        (`builders.contract.agent.Builder.make_learner`); agents that replay override it.
+
+        Raises:
+          ValueError: a replay client, which this learner has no use for.
+        """
+        if replay is not None:
+            raise ValueError(f"{type(self).__name__} learns from unrolls in order; it takes no "
+                             "replay client")
+        return DataParallelLearner(self.make_training(networks, spec), key,
+                                   self.config.batch_size, devices)

@@ -5,7 +5,7 @@ variant `ReplayLearner` (n-step transitions replayed in-process)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -15,10 +15,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trellis import reverb_tables as rt
 from trellis.agents.common.replay import TransitionReplay
 from trellis.agents.common.training import get_hparams, set_hparams
+from trellis.builders.contract.agent import Training
 from trellis.builders.contract.config import ReplayConfig
 
 Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
-Update = Callable[[Any, Batch], tuple[Any, dict]]
 
 
 class DataParallelLearner:
@@ -26,13 +26,12 @@ class DataParallelLearner:
 
     Data parallel over `devices` (default: all local devices): axis 1 (B) of every batch
     leaf is sharded over the mesh axis "data", the state is replicated, and XLA inserts the
-    gradient all-reduce. Agents subclass it with their own `init` and `update`.
+    gradient all-reduce. It runs any agent's `Training` (`Builder.make_training`).
 
     Args:
-      init: `init(key) -> state`, jitted once (one compiled call instead of many small eager
-        ops: seconds faster at start-up).
-      make_update: `make_update(mesh) -> update(state, batch) -> (state, metrics)`; gets the
-        mesh so an update may constrain the sharding of what it builds inside (minibatches).
+      training: the agent's pure pieces; `init` is jitted once (one compiled call instead of
+        many small eager ops: seconds faster at start-up), `make_update` gets this learner's
+        mesh so an update may constrain the sharding of what it builds (minibatches).
       key: the learner's root key.
       batch_size: B; must divide evenly over the devices.
       devices: the learner devices.
@@ -43,8 +42,7 @@ class DataParallelLearner:
 
     def __init__(
         self,
-        init: Callable[[jax.Array], Any],
-        make_update: Callable[[Mesh], Update],
+        training: Training,
         key: jax.Array,
         batch_size: int,
         devices: Sequence[jax.Device] | None = None,
@@ -56,14 +54,12 @@ class DataParallelLearner:
                 f"devices ({len(devices)}) to shard the batch evenly."
             )
         self.mesh = Mesh(np.array(devices), ("data",))
-        # The pure pieces, kept for the anakin platform (builders/experiments/anakin.py),
-        # which jits them into its own act-and-learn program.
-        self.init, self.make_update = init, make_update
+        self._init = training.init
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         self._key = key
         self._update = jax.jit(
-            make_update(self.mesh),
+            training.make_update(self.mesh),
             in_shardings=(replicated, self._batch_sharding),
             # No donation: inference may still be reading the params published last step.
             out_shardings=(replicated, replicated),
@@ -71,9 +67,9 @@ class DataParallelLearner:
 
     @functools.cached_property
     def _state(self) -> Any:
-        # Made at first use: the anakin platform keeps only the pure pieces and never needs
-        # it (a second or so of compiling at its start). Assignments replace it.
-        return jax.jit(self.init, out_shardings=self._replicated)(self._key)
+        # Made at first use (a second or so of compiling), so a learner that restores a
+        # checkpoint first does not pay for it twice. Assignments replace it.
+        return jax.jit(self._init, out_shardings=self._replicated)(self._key)
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """One update on a host batch; returns the metrics as device scalars."""
@@ -118,9 +114,8 @@ class ReplayLearner(DataParallelLearner):
     checkpointed: a resumed run refills it before learning again.
 
     Args:
-      init: `init(key) -> state`, as for `DataParallelLearner`.
-      make_update: `make_update(mesh) -> update(state, minibatches) -> (state, metrics)`, the
-        minibatches as `TransitionReplay.sample` gives them, each leaf [U, S, ...].
+      training: as for `DataParallelLearner`; its update takes the minibatches as
+        `TransitionReplay.sample` gives them, each leaf [U, S, ...].
       key: split into the learner's key and the table's sampling seed.
       config: the agent's replay settings.
       selector: how the table samples, e.g. `rt.Prioritized(0.6)` or `rt.Uniform()`.
@@ -130,8 +125,7 @@ class ReplayLearner(DataParallelLearner):
 
     def __init__(
         self,
-        init: Callable[[jax.Array], Any],
-        make_update: Callable[[Mesh], Update],
+        training: Training,
         key: jax.Array,
         config: ReplayConfig,
         selector: rt.Selector,
@@ -141,8 +135,7 @@ class ReplayLearner(DataParallelLearner):
     ):
         self._config = config
         learner_key, table_key = jax.random.split(key)
-        super().__init__(init=init, make_update=make_update, key=learner_key,
-                         batch_size=config.sample_batch_size, devices=devices)
+        super().__init__(training, learner_key, config.sample_batch_size, devices)
         self.replay = TransitionReplay(
             selector, config.replay_size, obs_spec, action_spec, config.n_step, config.discount,
             seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from trellis.agents.common import AgentBuilder
 from trellis.agents.dqn.config import DQNConfig
-from trellis.agents.dqn.learner import Learner
+from trellis.agents.dqn.learner import Learner, make_training
 from trellis.agents.dqn.networks import DQNNetworks, make_networks
+from trellis.builders.contract.agent import REPLAY, Capabilities, Training
 from trellis.envs.specs import EnvSpec
 
 
@@ -59,7 +61,17 @@ class DQNBuilder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: DQNNetworks, spec: EnvSpec, key: jax.Array,
-                     devices: Sequence[jax.Device] | None = None) -> Learner:
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(REPLAY)
+
+    def make_training(self, networks: DQNNetworks, spec: EnvSpec) -> Training:
+        del spec  # The networks already know the shapes.
+        return make_training(networks, self.config)
+
+    def make_learner(self, networks: DQNNetworks, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
+        del replay  # Its transitions are replayed in-process (agents.common.ReplayLearner).
         return Learner(networks, self.config, key,
                        obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)

@@ -28,6 +28,7 @@ from trellis.agents.common import (
 from trellis.agents.dqn.config import DQNConfig
 from trellis.agents.dqn.losses import double_q_td_error, weighted_huber_loss
 from trellis.agents.dqn.networks import DQNNetworks
+from trellis.builders.contract.agent import Training
 
 
 def make_update(
@@ -74,6 +75,15 @@ def make_update(
     return update
 
 
+def make_training(networks: DQNNetworks, config: DQNConfig) -> Training:
+    """The pure init and update of the DQN learner (`builders.contract.agent.Training`)."""
+    optimizer = make_optimizer(config)
+    return Training(
+        functools.partial(init_target_network_state, networks.init, optimizer),
+        lambda mesh: make_update(networks, optimizer, config),
+    )
+
+
 class Learner(ReplayLearner):
     """Host shell: prioritized replay in, `updates_per_step` jitted SGD steps, priorities out
     (see agents.common.ReplayLearner).
@@ -90,12 +100,10 @@ class Learner(ReplayLearner):
         obs_spec: tuple[tuple[int, ...], str],
         devices: Sequence[jax.Device] | None = None,
     ):
-        optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_target_network_state, networks.init, optimizer),
-            make_update=lambda mesh: make_update(networks, optimizer, config),
-            key=key,
-            config=config,
+            make_training(networks, config),
+            key,
+            config,
             selector=rt.Prioritized(config.priority_exponent),
             obs_spec=obs_spec,
             action_spec=((), "int32"),

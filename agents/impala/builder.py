@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +11,9 @@ import numpy as np
 
 from trellis.agents.common import AgentBuilder
 from trellis.agents.impala.config import ImpalaConfig
-from trellis.agents.impala.learner import Learner
+from trellis.agents.impala.learner import Learner, make_training
 from trellis.agents.impala.networks import ImpalaNetworks, make_networks
-from trellis.builders.contract.agent import ArraySpec
+from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Training
 from trellis.envs.specs import EnvSpec
 
 
@@ -49,7 +50,16 @@ class ImpalaBuilder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: ImpalaNetworks, spec: EnvSpec, key: jax.Array,
-                     devices: Sequence[jax.Device] | None = None) -> Learner:
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(UNROLLS, recurrent=self.config.core == "lstm", anakin=True)
+
+    def make_training(self, networks: ImpalaNetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
+        return make_training(networks, self.config)
+
+    def make_learner(self, networks: ImpalaNetworks, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
+        del spec, replay  # The networks know the shapes; unrolls arrive in order, no table.
         return Learner(networks, self.config, key, devices=devices)

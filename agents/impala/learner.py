@@ -21,7 +21,7 @@ from trellis.agents.common import (
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.losses import impala_loss
 from trellis.agents.impala.networks import ImpalaNetworks
-from trellis.builders.contract.agent import recorded_state
+from trellis.builders.contract.agent import Training, recorded_state
 
 
 def make_update(
@@ -86,6 +86,16 @@ def make_update(
     return update
 
 
+def make_training(networks: ImpalaNetworks, config: ImpalaConfig) -> Training:
+    """The pure init and update of the IMPALA learner (`builders.contract.agent.Training`)."""
+    optimizer = make_optimizer(config)
+    return Training(
+        functools.partial(init_training_state, networks.init, optimizer,
+                          hparams={"entropy_cost": config.entropy_cost}),
+        lambda mesh: make_update(networks, optimizer, config),
+    )
+
+
 class Learner(DataParallelLearner):
     """Host shell: the IMPALA update on a device mesh (see agents.common.DataParallelLearner)."""
 
@@ -96,12 +106,6 @@ class Learner(DataParallelLearner):
         key: jax.Array,
         devices: Sequence[jax.Device] | None = None,
     ):
-        optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_training_state, networks.init, optimizer,
-                                   hparams={"entropy_cost": config.entropy_cost}),
-            make_update=lambda mesh: make_update(networks, optimizer, config),
-            key=key,
-            batch_size=config.batch_size,
-            devices=devices,
+            make_training(networks, config), key, config.batch_size, devices,
         )

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 
 from trellis.agents.common import AgentBuilder
 from trellis.agents.ppo.config import PPOConfig
-from trellis.agents.ppo.learner import Learner
+from trellis.agents.ppo.learner import Learner, make_training
 from trellis.agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
-from trellis.builders.contract.agent import ArraySpec
+from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Training
 from trellis.envs.specs import EnvSpec
 
 
@@ -59,7 +60,16 @@ class PPOBuilder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: PPONetworks, spec: EnvSpec, key: jax.Array,
-                     devices: Sequence[jax.Device] | None = None) -> Learner:
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(UNROLLS, anakin=True)
+
+    def make_training(self, networks: PPONetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
+        return make_training(networks, self.config)
+
+    def make_learner(self, networks: PPONetworks, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
+        del spec, replay  # The networks know the shapes; unrolls arrive in order, no table.
         return Learner(networks, self.config, key, devices=devices)

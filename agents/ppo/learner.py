@@ -25,6 +25,7 @@ from trellis.agents.ppo.losses import (
     transition_discounts,
 )
 from trellis.agents.ppo.networks import PPONetworks
+from trellis.builders.contract.agent import Training
 
 
 def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch) -> dict:
@@ -94,7 +95,15 @@ def make_update(
       networks, optimizer, config: the agent's.
       mesh: when given, each minibatch is sharded over its "data" axis, so the SGD steps run
         data-parallel after the (global) shuffle; the math is the same with any device count.
+
+    Raises:
+      ValueError: a minibatch does not divide over the mesh's devices.
     """
+    if mesh is not None and config.minibatch_size % mesh.size:
+        raise ValueError(
+            f"PPO minibatches of {config.minibatch_size} transitions (unroll_length * "
+            f"batch_size / num_minibatches) must divide over the {mesh.size} learner "
+            "devices; change num_minibatches or batch_size.")
     loss_fn = functools.partial(
         ppo_loss,
         clip_epsilon=config.clip_epsilon,
@@ -155,6 +164,16 @@ def make_update(
     return update
 
 
+def make_training(networks: PPONetworks, config: PPOConfig) -> Training:
+    """The pure init and update of the PPO learner (`builders.contract.agent.Training`)."""
+    optimizer = make_optimizer(config)
+    return Training(
+        functools.partial(init_training_state, networks.init, optimizer,
+                          hparams={"entropy_cost": config.entropy_cost}),
+        lambda mesh: make_update(networks, optimizer, config, mesh),
+    )
+
+
 class Learner(DataParallelLearner):
     """Host shell: the PPO update on a device mesh (see agents.common.DataParallelLearner)."""
 
@@ -165,19 +184,6 @@ class Learner(DataParallelLearner):
         key: jax.Array,
         devices: Sequence[jax.Device] | None = None,
     ):
-        num_devices = len(devices if devices is not None else jax.local_devices())
-        if config.minibatch_size % num_devices:
-            raise ValueError(
-                f"PPO minibatches of {config.minibatch_size} transitions (unroll_length * "
-                f"batch_size / num_minibatches) must divide over the {num_devices} learner "
-                "devices; change num_minibatches or batch_size."
-            )
-        optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_training_state, networks.init, optimizer,
-                                   hparams={"entropy_cost": config.entropy_cost}),
-            make_update=lambda mesh: make_update(networks, optimizer, config, mesh),
-            key=key,
-            batch_size=config.batch_size,
-            devices=devices,
+            make_training(networks, config), key, config.batch_size, devices,
         )

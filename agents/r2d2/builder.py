@@ -13,9 +13,9 @@ import numpy as np
 from trellis import reverb_tables as rt
 from trellis.agents.common import AgentBuilder, lstm_initial_state
 from trellis.agents.r2d2.config import R2D2Config
-from trellis.agents.r2d2.learner import Learner
+from trellis.agents.r2d2.learner import Learner, make_training
 from trellis.agents.r2d2.networks import R2D2Networks, make_networks
-from trellis.builders.contract.agent import ArraySpec, QueueSpec
+from trellis.builders.contract.agent import REPLAY, ArraySpec, Capabilities, QueueSpec, Training
 from trellis.envs.specs import EnvSpec
 
 TABLE = "sequences"
@@ -84,9 +84,17 @@ class R2D2Builder(AgentBuilder):
 
         return policy
 
-    def make_learner(self, networks: R2D2Networks, spec: EnvSpec, key: jax.Array,
-                     devices: Sequence[jax.Device] | None = None, replay: Any = None
-                     ) -> Learner:
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(REPLAY, recurrent=True)
+
+    def make_training(self, networks: R2D2Networks, spec: EnvSpec) -> Training:
+        del spec  # The networks already know the shapes.
+        return make_training(networks, self.config)
+
+    def make_learner(self, networks: R2D2Networks, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
         """Raises ValueError without `replay`, the client of the replay node's table."""
         del spec
         if replay is None:

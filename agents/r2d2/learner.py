@@ -36,6 +36,7 @@ from trellis.builders.contract.agent import (
     REPLAY_KEY,
     REPLAY_PROBABILITY,
     REPLAY_TABLE_SIZE,
+    Training,
     recorded_state,
 )
 
@@ -103,6 +104,15 @@ def make_update(
     return update
 
 
+def make_training(networks: R2D2Networks, config: R2D2Config) -> Training:
+    """The pure init and update of the R2D2 learner (`builders.contract.agent.Training`)."""
+    optimizer = make_optimizer(config)
+    return Training(
+        functools.partial(init_target_network_state, networks.init, optimizer),
+        lambda mesh: make_update(networks, optimizer, config),
+    )
+
+
 class Learner(DataParallelLearner):
     """Host shell: one jitted update per sampled batch, then the priorities go back to the
     replay table.
@@ -117,13 +127,8 @@ class Learner(DataParallelLearner):
 
     def __init__(self, networks: R2D2Networks, config: R2D2Config, key: jax.Array, replay: Any,
                  table: str, devices: Sequence[jax.Device] | None = None):
-        optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_target_network_state, networks.init, optimizer),
-            make_update=lambda mesh: make_update(networks, optimizer, config),
-            key=key,
-            batch_size=config.batch_size,
-            devices=devices,
+            make_training(networks, config), key, config.batch_size, devices,
         )
         self._replay, self._table = replay, table
 

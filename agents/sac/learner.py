@@ -24,6 +24,7 @@ from trellis.agents.common import Batch, ReplayLearner, make_optimizer
 from trellis.agents.sac import losses
 from trellis.agents.sac.config import SACConfig
 from trellis.agents.sac.networks import SACNetworks
+from trellis.builders.contract.agent import Training
 
 
 @flax.struct.dataclass
@@ -125,6 +126,15 @@ def make_update(
     return update
 
 
+def make_training(networks: SACNetworks, config: SACConfig) -> Training:
+    """The pure init and update of the SAC learner (`builders.contract.agent.Training`)."""
+    optimizer = make_optimizer(config)
+    return Training(
+        functools.partial(init_state, networks, optimizer, config.initial_temperature),
+        lambda mesh: make_update(networks, optimizer, config),
+    )
+
+
 class Learner(ReplayLearner):
     """Host shell: uniform replay in, `updates_per_step` jitted SGD steps out (see
     agents.common.ReplayLearner).
@@ -140,12 +150,10 @@ class Learner(ReplayLearner):
         obs_spec: tuple[tuple[int, ...], str],
         devices: Sequence[jax.Device] | None = None,
     ):
-        optimizer = make_optimizer(config)
         super().__init__(
-            init=functools.partial(init_state, networks, optimizer, config.initial_temperature),
-            make_update=lambda mesh: make_update(networks, optimizer, config),
-            key=key,
-            config=config,
+            make_training(networks, config),
+            key,
+            config,
             selector=rt.Uniform(),
             obs_spec=obs_spec,
             action_spec=((networks.action_dim,), "float32"),

@@ -1,8 +1,11 @@
-"""The agent contract: the Builder, Learner and Policy protocols, ArraySpec and QueueSpec.
+"""The agent contract: the Builder, Learner and Policy protocols, the agent's Capabilities, its
+pure Training pieces, ArraySpec and QueueSpec.
 
-A builder says *what an agent is* (networks, policy, learner, what inference records and
-how unrolls are batched); `builders.make_program` says how its pieces are wired into a
-program graph; `launch` says where that graph runs. A builder knows nothing of platforms.
+A builder says *what an agent is* (networks, policy, the pure init and update, the learner's
+host shell, what inference records and how unrolls are batched) and *what it can do*
+(`Capabilities`); the experiment layer (`trellis.builders.experiments`) wires those pieces into
+a program graph or into one jitted program, and refuses what the agent cannot do in one line.
+A builder knows nothing of platforms.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from trellis.envs.specs import EnvSpec
 from trellis.reverb_tables.spec import ArraySpec, TableSpec
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
-__all__ = ["STATE_PREFIX", "ArraySpec", "Builder", "Learner", "Policy", "QueueSpec", "State",
-           "recorded_state", "state_specs"]
+__all__ = ["REPLAY", "STATE_PREFIX", "UNROLLS", "ArraySpec", "Builder", "Capabilities", "Learner",
+           "Policy", "QueueSpec", "State", "Training", "Update", "recorded_state", "state_specs"]
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
@@ -87,6 +90,56 @@ def state_specs(initial_state: Mapping[str, np.ndarray]) -> dict[str, ArraySpec]
             for name, v in initial_state.items()}
 
 
+# Where a learner's data comes from (`Capabilities.learns_from`).
+UNROLLS = "unrolls"  # Inference's unrolls, in order (IMPALA, PPO).
+REPLAY = "replay"  # Items sampled from a table (DQN, Ape-X, SAC: transitions; R2D2: sequences).
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What an agent can do. The experiment layer checks a run against it before starting
+    anything, and a run it cannot do is one line naming what would work.
+
+    Attributes:
+      learns_from: `UNROLLS` (the learner takes inference's unrolls in order) or `REPLAY`
+        (it samples stored items, and its `make_learner` gets the replay table's client or
+        keeps its own table).
+      recurrent: the policy carries a state per env slot (`Builder.initial_state`).
+      anakin: the pure pieces (`Builder.make_training`, the policy) run inside one jitted
+        act-and-learn program with envs written in JAX (--platform=anakin).
+    """
+
+    learns_from: str
+    recurrent: bool = False
+    anakin: bool = False
+
+    def __post_init__(self):
+        if self.learns_from not in (UNROLLS, REPLAY):
+            raise ValueError(f"Capabilities.learns_from must be {UNROLLS!r} or {REPLAY!r}, "
+                             f"got {self.learns_from!r}")
+
+
+# update(state, batch) -> (state, metrics): pure and jittable; the batch's leaves are
+# time-major unrolls [T + 1, B, ...] (or what the agent's replay samples).
+Update = Callable[[Any, Mapping[str, jax.Array]], tuple[Any, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """An agent's learning as pure functions: what the learner node's host shell and the
+    anakin program both build from, without constructing each other's objects.
+
+    Attributes:
+      init: `init(key) -> state`, the training state (a pytree: params, optimizer state,
+        key, step, hyper-parameters held as arrays).
+      make_update: `make_update(mesh) -> update`; the mesh (or None inside a program that
+        places the update itself) lets an update constrain the sharding of what it builds.
+    """
+
+    init: Callable[[jax.Array], Any]
+    make_update: Callable[[Any], Update]
+
+
 class Learner(Protocol):
     """What the learner node needs of an agent's learner.
 
@@ -108,6 +161,9 @@ class Learner(Protocol):
 
 class Builder(Protocol):
     """What every agent provides (see agents/impala/builder.py)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def queue_spec(self) -> QueueSpec: ...
 
@@ -134,7 +190,18 @@ class Builder(Protocol):
         """
         ...
 
-    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array,
-                     devices: Sequence[jax.Device] | None = None) -> Learner:
-        """The learner on `devices` (default: all local devices)."""
+    def make_training(self, networks: Any, spec: EnvSpec) -> Training:
+        """The pure init and update (what anakin jits into its program)."""
+        ...
+
+    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
+        """The learner's host shell around `make_training`'s pieces, seeded from `key`.
+
+        Args:
+          devices: where the learner runs (default: all local devices).
+          replay: a client of the replay node holding `replay_table`'s table, when the agent
+            has one (`make_program` adds the node); None otherwise.
+        """
         ...

@@ -19,13 +19,14 @@ import math
 import types
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from trellis.reverb_tables import BACKENDS as REPLAY_BACKENDS
 
 _DECLARATION = "trellis.setting"
 _KINDS = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
 _PLURALS = {int: "ints", float: "numbers", bool: "booleans", str: "strings"}
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ class _Declaration:
 
 
 def setting(
-    default: Any,
+    default: _T,
     help: str,
     *,
     ge: float | None = None,
@@ -47,7 +48,7 @@ def setting(
     le: float | None = None,
     lt: float | None = None,
     choices: Sequence[Any] | None = None,
-) -> Any:
+) -> _T:
     """Declares a config field: its default, a one-line help and what values are allowed.
 
     Args:
@@ -57,7 +58,8 @@ def setting(
       choices: the only values allowed (for strings, usually).
 
     Returns:
-      A `dataclasses.field` carrying the declaration in its metadata.
+      A `dataclasses.field` carrying the declaration in its metadata (typed, as
+      `dataclasses.field` is, as the default's type: `n: int = setting(1, ...)` type-checks).
     """
     declaration = _Declaration(help, ge, gt, le, lt, None if choices is None else tuple(choices))
     return dataclasses.field(default=default, metadata={_DECLARATION: declaration})
@@ -183,7 +185,8 @@ def _declaration(cls: type, name: str) -> _Declaration:
     for klass in cls.__mro__:
         field = getattr(klass, "__dataclass_fields__", {}).get(name)
         if field is not None and _DECLARATION in field.metadata:
-            return field.metadata[_DECLARATION]
+            declaration: _Declaration = field.metadata[_DECLARATION]
+            return declaration
     raise TypeError(f"{cls.__name__}.{name} is not declared: give it a default with "
                     f"setting(default, help=...) in {cls.__name__} or a base class")
 
@@ -212,8 +215,9 @@ class Config:
     several fields go in `check`, raising `self.invalid(field, requirement)`.
     """
 
-    def __post_init__(self):
-        for s in settings(type(self)):
+    def __post_init__(self) -> None:
+        cls: type = type(self)  # (as `type`: mypy takes a dataclass's __hash__ for its class's)
+        for s in settings(cls):
             value = getattr(self, s.name)
             if s.sequence and isinstance(value, list):  # From JSON: stored as a tuple.
                 value = tuple(value)

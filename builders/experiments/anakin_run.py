@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis.agents.common import ReplayLearner, get_hparams
+from trellis.agents.common import get_hparams
 from trellis.builders.experiments.anakin import Anakin, Population, population_mesh, shards_members
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.curves import finish_run_dir
@@ -115,34 +115,32 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
         raise AnakinError(f"--platform=anakin needs an env written in JAX, e.g. "
                           f"gymnax:CartPole-v1; {env_factory.env_id!r} is a Gymnasium id "
                           "(use --platform=local_mp for it)")
-    spec = env_factory.spec()
-    config = builder.config
-    initial_state = builder.initial_state(spec, config.batch_size)
-    if initial_state:
+    capabilities = builder.capabilities
+    if not capabilities.anakin:
+        raise AnakinError(f"--platform=anakin runs agents whose learning is pure functions of "
+                          f"unrolls (impala, ppo); {type(builder).__name__} learns from "
+                          f"{capabilities.learns_from} on the host (use --platform=local_mp)")
+    if capabilities.recurrent:
         raise AnakinError("--platform=anakin runs feed-forward policies only; this agent's "
                           "policy is recurrent (use --platform=local_mp for it)")
+    spec = env_factory.spec()
+    config = builder.config
     networks = builder.make_networks(spec)
+    training = builder.make_training(networks, spec)
     root = jax.random.key(seed)
-    mesh = population_mesh(num_members, jax.local_devices())
-    members_split = shards_members(num_members, mesh)
-    # Split whole, each member's update runs on one device; otherwise over the whole mesh.
-    devices = list(mesh.devices.flat)
-    learner = builder.make_learner(networks, spec, root,
-                                   devices=devices[:1] if members_split else devices)
-    if isinstance(learner, ReplayLearner):
-        raise AnakinError(f"--platform=anakin runs agents that learn from unrolls directly "
-                          f"(impala, ppo); {type(builder).__name__}'s learner replays "
-                          "transitions on the host")
-    known = sorted(get_hparams(jax.eval_shape(learner.init, root)))
+    known = sorted(get_hparams(jax.eval_shape(training.init, root)))
     unknown = sorted(set(hparam_names) - set(known))
     if unknown:
         raise AnakinError(f"--member_hparams: {', '.join(unknown)} is not a hyper-parameter "
                           f"of this agent (it has: {', '.join(known)})")
+    mesh = population_mesh(num_members, jax.local_devices())
+    # Split whole, each member's update runs on one device (no mesh inside); otherwise the
+    # update constrains its minibatches over the whole mesh.
+    update = training.make_update(None if shards_members(num_members, mesh) else mesh)
     anakin = Anakin(env=env_factory.make(), policy=builder.make_policy(networks),
-                    init=learner.init,
-                    update=learner.make_update(None if members_split else learner.mesh),
-                    initial_state=initial_state, num_envs=config.batch_size,
-                    unroll_length=config.unroll_length, return_window=return_window)
+                    init=training.init, update=update, initial_state={},
+                    num_envs=config.batch_size, unroll_length=config.unroll_length,
+                    return_window=return_window)
     return anakin, mesh
 
 

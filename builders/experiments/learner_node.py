@@ -311,8 +311,8 @@ class LearnerNode:
         networks = builder.make_networks(spec)
         table = agent_table(builder, spec)
         client = None if replay is None else ReplayClient(replay)
-        self._learner = (builder.make_learner(networks, spec, learner_key) if table is None
-                         else builder.make_learner(networks, spec, learner_key, replay=client))
+        self._learner = builder.make_learner(networks, spec, learner_key,
+                                             replay=None if table is None else client)
         self._checkpointer = None
         progress = None
         if checkpoints is not None:
