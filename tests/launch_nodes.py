@@ -178,3 +178,28 @@ result = runtime.launch(program, platform="local_mp", stop_timeout_s=5.0)
 print("RESULT", result.stopped_by, result.reason, flush=True)
 sys.exit(result.exit_code)
 """
+
+
+def wait_for_stop(blob: bytes) -> None:
+    """Waits until the program stops; `blob` only makes the node's payload large."""
+    del blob
+    runtime.stop_event().wait()
+
+
+# Launcher script for a signal during start-up: many nodes whose large payloads make every spawn
+# wait until its child reads them, so start-up takes a while; plus an idle thread, as in run.py
+# (TensorBoard's writer): a signal can be delivered to any thread that does not block it.
+STARTUP_NODES = 6
+STARTUP_SIGNAL_SCRIPT = f"""
+import sys, threading
+from trellis.launch import runtime
+from tests import launch_nodes
+
+threading.Thread(target=threading.Event().wait, name="idle", daemon=True).start()
+program = runtime.Program("startup")
+for i in range({STARTUP_NODES}):
+    program.add_node(runtime.PyNode(launch_nodes.wait_for_stop, bytes(4 << 20)), label=f"n{{i}}")
+result = runtime.launch(program, platform="local_mp", stop_timeout_s=5.0)
+print("RESULT", result.stopped_by, result.reason, flush=True)
+sys.exit(result.exit_code)
+"""

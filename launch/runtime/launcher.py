@@ -29,6 +29,9 @@ PLATFORMS = {"local_mt": "trellis.launch.runtime.local_mt",
              "ray": "trellis.launch.runtime.ray_platform"}
 
 _EXIT_CODES = {"requested": 0, "completed": 0, "error": 1, "signal": 130}
+# Signals that stop a program cleanly. SIGQUIT too (Ctrl-\): its default, a core dump of the
+# launcher alone, would leave the nodes to notice the launcher's death (issue 20).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
 _POLL_S = 0.1
 
 
@@ -39,9 +42,9 @@ class LaunchResult:
     Attributes:
       stopped_by: "requested" (a node called `request_stop`), "completed" (every run loop and
         PyNode returned), "error" (a node raised or its process died), or "signal" (SIGINT,
-        SIGTERM or `RunningProgram.stop()`).
+        SIGTERM, SIGQUIT or `RunningProgram.stop()`).
       reason: the stop request's reason, "<node label>: <exception one-liner>", or the signal
-        name ("SIGINT", "SIGTERM", "stop() called").
+        name ("SIGINT", "SIGTERM", "SIGQUIT", "stop() called").
       info: the stop request's info dict, else {}.
       error_node: label of the node that failed, for "error".
       error_traceback: that node's traceback, for "error" (None when its process died silently).
@@ -99,7 +102,7 @@ class RunningProgram:
     def wait(self, timeout: float | None = None) -> LaunchResult | None:
         """Waits until the program has stopped and every node is gone.
 
-        Called in the main thread, SIGINT and SIGTERM stop the program meanwhile.
+        Called in the main thread, SIGINT, SIGTERM and SIGQUIT stop the program meanwhile.
 
         Args:
           timeout: seconds to wait; None waits until the program stops.
@@ -125,8 +128,8 @@ class RunningProgram:
         return result
 
     def stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
-        """Inside (in the main thread; elsewhere a no-op), SIGINT and SIGTERM stop the program,
-        as they do while `wait()` waits.
+        """Inside (in the main thread; elsewhere a no-op), SIGINT, SIGTERM and SIGQUIT stop the
+        program, as they do while `wait()` waits.
 
         A host loop that does more than wait (logging, RPCs) should run inside: there Ctrl-C
         sets a flag instead of raising KeyboardInterrupt at an arbitrary point of library
@@ -264,7 +267,7 @@ class RunningProgram:
 
 @contextlib.contextmanager
 def _stop_on_signals(running: RunningProgram) -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM stop `running` (main thread only; else a no-op)."""
+    """While inside, `STOP_SIGNALS` stop `running` (main thread only; else a no-op)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -276,7 +279,7 @@ def _stop_on_signals(running: RunningProgram) -> Iterator[None]:
                   file=sys.stderr, flush=True)
         running._signal_name = name
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

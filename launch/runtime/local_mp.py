@@ -5,8 +5,8 @@ program's random secret, its pickled arguments, the write end of a status pipe a
 event. The launcher waits on all status pipes and process sentinels at once, so a message or a
 death is noticed at once. A process that dies without reporting is an error of its node.
 
-Child side (`child_main`): ignore SIGINT (Ctrl-C reaches the whole process group; the launcher
-coordinates the stop), exit if the launcher disappears, serve, run, report.
+Child side (`child_main`): ignore SIGINT and SIGQUIT (Ctrl-C and Ctrl-\\ reach the whole process
+group; the launcher coordinates the stop), exit if the launcher disappears, serve, run, report.
 
 A node the launcher restarts gets a new process from its kept payload, at the same address (the
 old process is gone first, so its port is free again).
@@ -34,6 +34,8 @@ _HOST = "127.0.0.1"
 _SECRET_BYTES = 32
 _TERMINATE_WAIT_S = 1.0
 _WATCHDOG_PERIOD_S = 0.25
+# Signals a terminal sends to its whole foreground process group: nodes leave them to the launcher.
+_GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 
 
 @dataclasses.dataclass
@@ -69,9 +71,8 @@ class Backend:
         self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
         # The launcher keeps a read end too, for the processes of restarted nodes.
         self._stop_reader, self._stop_writer = self._context.Pipe(duplex=False)
-        with _spawn_ignoring_sigint():
-            for node in nodes:
-                self._children.append(self._spawn(node, restarts=0))
+        for node in nodes:
+            self._children.append(self._spawn(node, restarts=0))
 
     def restart(self, label: str, restarts: int) -> None:
         index = next(i for i, c in enumerate(self._children) if c.label == label)
@@ -86,8 +87,6 @@ class Backend:
             old.reader.close()
         old.process.close()
         node = next(n for n in self._program.nodes if n.label == label)
-        # Not in the main thread, so SIGINT cannot be ignored around this spawn; a Ctrl-C
-        # that kills the new child while it imports stops the whole program anyway.
         self._children[index] = self._spawn(node, restarts)
 
     def _spawn(self, node: program_lib.Node, restarts: int) -> _Child:
@@ -99,7 +98,8 @@ class Backend:
                   PipeStopEvent(self._stop_reader), os.getpid(), restarts),
             name=f"trellis:{node.label}",
         )
-        process.start()
+        with _blocking(_GROUP_SIGNALS):
+            process.start()
         # Drop our copy of the write end so that the child's exit reads as EOF here.
         writer.close()
         return _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
@@ -237,7 +237,11 @@ def child_main(
     # device memory up front (XLA's default, 75%), or the next one cannot start cleanly.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     _name_process(label)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher coordinates Ctrl-C
+    # The launcher coordinates Ctrl-C and Ctrl-\. Ignoring them drops any that came while this
+    # process started, blocked since its spawn (`_blocking`); then they may be unblocked.
+    for signum in _GROUP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _GROUP_SIGNALS)
     threading.Thread(
         target=_exit_when_orphaned, args=(label, launcher_pid), name="orphan-watchdog", daemon=True
     ).start()
@@ -277,21 +281,19 @@ def _exit_when_orphaned(label: str, launcher_pid: int) -> None:
 
 
 @contextlib.contextmanager
-def _spawn_ignoring_sigint() -> Iterator[None]:
-    """Children spawned inside start with SIGINT ignored (in the main thread; else a no-op).
+def _blocking(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Blocks `signals` in the calling thread while inside; processes spawned meanwhile start
+    with them blocked (a thread's signal mask survives fork and exec).
 
-    An ignored disposition survives fork and exec, so a Ctrl-C that reaches the process group
-    while a child is still importing (before `child_main` runs) cannot kill it with a
-    KeyboardInterrupt. The launcher also blocks SIGINT meanwhile: a blocked signal is never
-    discarded, so a Ctrl-C in this short window is delivered once the handler is back.
+    So a Ctrl-C that reaches the process group while a child still imports (before
+    `child_main` ignores it) stays pending there instead of killing it. Only the mask, never the
+    process-wide disposition, changes: the launcher keeps its handlers, and a signal sent to it
+    now is either taken by another of its threads or delivered here on leaving. (Issue 20: with
+    SIGINT set to SIG_IGN during spawns, a Ctrl-C taken by another thread, such as TensorBoard's
+    writer, was lost and the launcher ran on.)
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
