@@ -42,13 +42,24 @@ test-reverb: $(REVERB_VENV)/.installed
 	$(REVERB_VENV)/bin/python -m pytest -q tests/test_reverb_tables.py \
 		tests/test_reverb_tables_native.py tests/test_replay_node.py tests/test_unroll_queue.py
 
-# ruff, then the import layers (pyproject's [tool.importlinter] contracts).
+# mypy cannot follow the editable install's import hook (setuptools' PEP 660 finder), so it reads
+# `trellis` from links, trellis/<folder> -> <folder> as setup.py maps them, under the mypy_path of
+# pyproject's [tool.mypy] (tests/test_types.py makes the same links).
+MYPY_LINKS := $(VENV)/mypy_path/trellis
+FOLDERS := agents builders envs launch reverb_tables
+
+# ruff, the import layers (pyproject's [tool.importlinter] contracts), then mypy: strict on the
+# runtime and the agent contract ([tool.mypy]). mypy, not pyright: a wheel from PyPI that runs
+# offline, where pyright's PyPI package downloads Node.js at its first run.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	mkdir -p $(MYPY_LINKS)
+	for f in $(FOLDERS); do ln -sfn ../../../$$f $(MYPY_LINKS)/$$f; done
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/python benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) $(REVERB_VENV) runs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(REVERB_VENV) runs .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -31,6 +31,10 @@ class Echo:
     def labels(self) -> tuple[str | None, str | None]:
         return runtime.node_label(), os.environ.get("TRELLIS_NODE_LABEL")
 
+    def environ(self, name: str) -> str | None:
+        """The node process's environment entry `name` (None if unset)."""
+        return os.environ.get(name)
+
     def fail(self, message: str):
         raise ValueError(message)
 

@@ -91,6 +91,18 @@ def test_restart_and_error_on_ray(tmp_path, capfd, mark):
     _assert_no_ray_processes(mark)
 
 
+def test_node_actors_do_not_preallocate_accelerator_memory(monkeypatch, mark):
+    """Issue 20: several actors on one GPU each took XLA's default 75% of its memory up front.
+    No GPU needed: the actor's process must see the setting (the driver's environment lacks it,
+    and the local Ray instance's workers inherit the driver's)."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    program = runtime.Program("environ")
+    echo = program.add_node(runtime.CourierNode(nodes.Echo), label="echo")
+    with runtime.launch(program, platform="ray", block=False):
+        assert echo.dereference().environ("XLA_PYTHON_CLIENT_PREALLOCATE") == "false"
+    _assert_no_ray_processes(mark)
+
+
 def test_a_node_ray_cannot_place_fails_the_launch_in_one_line(monkeypatch, mark):
     monkeypatch.setattr(ray_platform, "_PLACE_TIMEOUT_S", 3.0)
     program = runtime.Program("unplaceable")

@@ -56,7 +56,7 @@ class QueueSpec:
     max_batches: int
     overlap: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 1 <= self.overlap <= self.unroll_length:
             raise ValueError(
                 f"overlap={self.overlap} must be in [1, unroll_length={self.unroll_length}]")
@@ -113,7 +113,7 @@ class Capabilities:
     recurrent: bool = False
     anakin: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.learns_from not in (UNROLLS, REPLAY):
             raise ValueError(f"Capabilities.learns_from must be {UNROLLS!r} or {REPLAY!r}, "
                              f"got {self.learns_from!r}")

@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, Protocol
 
 from trellis.launch.runtime.node_context import Status
@@ -156,7 +157,7 @@ class RunningProgram:
     def __enter__(self) -> RunningProgram:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _start(self) -> None:
@@ -272,7 +273,7 @@ def _stop_on_signals(running: RunningProgram) -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if running._signal_name is None:
             print(f"[launch] {name}: stopping program '{running.program.name}'",

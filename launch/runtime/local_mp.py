@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from trellis.launch.runtime import program as program_lib
 from trellis.launch.runtime import rpc
@@ -41,7 +40,7 @@ _GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 @dataclasses.dataclass
 class _Child:
     label: str
-    process: Any  # multiprocessing.context.SpawnProcess
+    process: multiprocessing.context.SpawnProcess
     reader: multiprocessing.connection.Connection | None
     exit_ok_after_finish: bool  # a PyNode's process ends with its function
     ended: bool = False  # may exit now: reported an error, or a PyNode reported "finished"
@@ -105,7 +104,8 @@ class Backend:
         return _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
 
     def poll(self, timeout_s: float) -> list[Status]:
-        waitables: list[Any] = [c.reader for c in self._children if c.reader is not None]
+        waitables: list[multiprocessing.connection.Connection | int] = [
+            c.reader for c in self._children if c.reader is not None]
         waitables += [c.process.sentinel for c in self._children if not c.exited]
         if not waitables:
             time.sleep(timeout_s)

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from trellis.launch.runtime import node_context, rpc
 from trellis.launch.runtime import program as program_lib
@@ -28,7 +29,7 @@ class Backend:
         self._stop_event = threading.Event()
         self._statuses: queue.SimpleQueue[Status] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._addresses: list[rpc.InprocAddress] = []
+        self._addresses: list[rpc.Address] = []
         self._payloads: dict[str, bytes] = {}
         self._process_context: NodeContext | None = None
 
@@ -77,7 +78,8 @@ class Backend:
         context = NodeContext(label, self._stop_event, self._statuses.put, restarts)
         node_context.bind_thread(context)
 
-        def serve(instance) -> None:
+        def serve(instance: Any) -> None:
+            assert address is not None, f"node '{label}' serves RPCs but has no address"
             rpc.serve_inproc(address, instance, context)
 
         program_lib.execute(payload, context, serve)

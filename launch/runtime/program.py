@@ -57,7 +57,7 @@ class Handle:
             )
         return rpc.connect(self.label, address, timeout_s)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Handle], tuple[None, str, rpc.Address | None]]:
         # Pickle the resolved label and address, never the node (it holds the arguments).
         return (Handle, (None, self.label, self.address))
 
@@ -71,7 +71,9 @@ class Node:
     #: Whether the node serves RPCs (and so needs an address).
     serves_rpcs = False
 
-    def __init__(self, target: Callable[..., Any], args: tuple, kwargs: dict):
+    def __init__(
+        self, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ):
         if not callable(target):
             raise TypeError(f"{type(self).__name__} needs a callable, got {target!r}")
         self._target = target
@@ -113,7 +115,7 @@ class CourierNode(Node):
 
     serves_rpcs = True
 
-    def __init__(self, cls: Callable[..., Any], *args, **kwargs):
+    def __init__(self, cls: Callable[..., Any], *args: Any, **kwargs: Any):
         super().__init__(cls, args, kwargs)
         self._run_enabled = True
 
@@ -127,7 +129,7 @@ class CourierNode(Node):
         run = getattr(instance, "run", None) if self._run_enabled else None
         runs = callable(run)
         context.report(Status("ready", self.label, runs=runs))
-        if runs:
+        if callable(run):
             run()
             context.report(Status("finished", self.label))
         context.stop_event.wait()
@@ -136,7 +138,7 @@ class CourierNode(Node):
 class PyNode(Node):
     """A function node: calls `fn(*args, **kwargs)`; the node is done when `fn` returns."""
 
-    def __init__(self, fn: Callable[..., Any], *args, **kwargs):
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any):
         super().__init__(fn, args, kwargs)
 
     def run_node(self, context: NodeContext, serve: Callable[[Any], None]) -> None:
@@ -153,7 +155,8 @@ def pickle_node(node: Node) -> bytes:
       TypeError: naming the node, if its arguments cannot be pickled.
     """
     try:
-        return cloudpickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)
+        payload: bytes = cloudpickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)
+        return payload
     except Exception as exc:
         raise TypeError(
             f"the arguments of node '{node.label}' cannot be pickled ({exc!r}); node arguments "
@@ -198,7 +201,8 @@ def execute_in_process(payload: bytes, context: NodeContext,
     node_context.bind_thread(context)
     servers: list[rpc.TcpServer] = []
 
-    def serve(instance) -> None:
+    def serve(instance: Any) -> None:
+        assert address is not None, f"node '{context.label}' serves RPCs but has no address"
         servers.append(rpc.TcpServer(instance, context.label, address))
 
     ok = execute(payload, context, serve)
@@ -354,7 +358,8 @@ class Program:
                 f"program '{self.name}' has no group {group!r}; its groups are: "
                 f"{', '.join(self._groups) or '(none)'}"
             )
-        return [node._handle for node in self._groups[group].nodes]
+        # (every node of a group has its handle: add_node made it)
+        return [node._handle for node in self._groups[group].nodes if node._handle is not None]
 
     @staticmethod
     def _relabel(group: _Group) -> None:

@@ -44,6 +44,7 @@ _PID_TIMEOUT_S = 2.0  # How long live actors get to tell their pids at shutdown.
 _EXIT_TIMEOUT_S = 10.0  # How long killed actor processes on this host get to exit.
 # How long nodes may wait for Ray to find them room (machines an autoscaler adds meanwhile count).
 _PLACE_TIMEOUT_S = 300.0
+_PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
 class _NodeActor:
@@ -172,6 +173,7 @@ class Backend:
 
     def _new_actor(self, node: program_lib.Node, ray_node_id: str | None = None) -> Any:
         options = _actor_options(node.resources, self._ray.cluster_resources())
+        options["runtime_env"] = {"env_vars": _actor_env_vars()}
         if ray_node_id is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -347,6 +349,16 @@ def _placement_waves(nodes: list[program_lib.Node], cluster: dict[str, float],
     first = [node for node in nodes if scarce(node)]
     rest = [node for node in nodes if not scarce(node)]
     return [wave for wave in (first, rest) if wave]
+
+
+def _actor_env_vars() -> dict[str, str]:
+    """Environment entries of every node actor (Ray's `runtime_env`).
+
+    As local_mp does for its node processes: several nodes of one host may each put JAX on its
+    GPU, so none may take most of its memory up front (XLA's default, 75%), or the next runs
+    out of memory (issue 20). A value set in the launcher's environment is passed on instead.
+    """
+    return {_PREALLOCATE: os.environ.get(_PREALLOCATE, "false")}
 
 
 def _actor_options(resources: dict[str, float], cluster: dict[str, float]) -> dict[str, Any]:

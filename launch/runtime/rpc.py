@@ -37,7 +37,8 @@ import struct
 import threading
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import cloudpickle
 import numpy as np
@@ -57,6 +58,9 @@ _COALESCE_BYTES = 64 * 1024
 # thread would then wait forever for bytes that never come).
 _MAX_MESSAGE_BYTES = 1 << 34  # 16 GiB: far above any params or unroll batch
 _MAX_BUFFERS = 1 << 16
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 class RemoteError(RuntimeError):
@@ -83,7 +87,7 @@ class RemoteError(RuntimeError):
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RemoteError], tuple[str, str, str, str, str]]:
         # The default reduce passes only `args`; keep the attributes when passed between nodes.
         return (
             RemoteError,
@@ -91,7 +95,9 @@ class RemoteError(RuntimeError):
         )
 
     @classmethod
-    def from_parts(cls, node: str, method: str, remote_type: str, text: str, tb: str):
+    def from_parts(
+        cls, node: str, method: str, remote_type: str, text: str, tb: str
+    ) -> RemoteError:
         message = (
             f"{method}() on node '{node}' raised {remote_type}: {text}\n"
             f"--- remote traceback (node '{node}') ---\n{tb.rstrip()}"
@@ -137,10 +143,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     """Returns a port that was free a moment ago (bind port 0, read it, close)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def resolve_method(instance: Any, name: str, label: str):
+def resolve_method(instance: Any, name: str, label: str) -> Callable[..., Any]:
     """Returns the bound public method `name` of `instance`.
 
     Raises:
@@ -152,7 +159,7 @@ def resolve_method(instance: Any, name: str, label: str):
             f"{name!r} is private on node '{label}': only public methods (names not starting "
             f"with '_') are RPCs"
         )
-    method = getattr(instance, name, None)
+    method: object = getattr(instance, name, None)
     if method is None or not callable(method):
         public = sorted(
             n for n in dir(instance) if not n.startswith("_") and callable(getattr(instance, n))
@@ -176,7 +183,7 @@ class Client:
         self._address = address
         self._timeout_s = float(timeout_s)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> _Stub:
         # Private names must raise AttributeError: pickle, copy and friends probe for them.
         if name.startswith("_"):
             raise AttributeError(
@@ -189,14 +196,14 @@ class Client:
         """`client.futures.method(...)` runs the call in a background thread -> Future."""
         return _Futures(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Client], tuple[str, Address, float]]:
         # Travel as (label, address, timeout): connections and threads stay behind.
         return (type(self), (self._label, self._address, self._timeout_s))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of node '{self._label}' at {self._address}>"
 
-    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+    def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise NotImplementedError
 
     def _abort_if_stopping(self) -> None:
@@ -218,7 +225,7 @@ class _Stub:
         self._client = client
         self._name = name
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._client._call(self._name, args, kwargs)
 
     def __repr__(self) -> str:
@@ -233,13 +240,13 @@ class _Futures:
     def __init__(self, client: Client):
         self._client = client
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Callable[..., concurrent.futures.Future[Any]]:
         if name.startswith("_"):
             raise AttributeError(
                 f"{name!r}: private methods are not RPCs (client of node '{self._client._label}')"
             )
 
-        def submit(*args, **kwargs) -> concurrent.futures.Future:
+        def submit(*args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
             return _pool().submit(self._client._call, name, args, kwargs)
 
         submit.__name__ = name
@@ -249,11 +256,13 @@ class _Futures:
 class TcpClient(Client):
     """Client of a node in another process; one socket per calling thread."""
 
+    _address: TcpAddress
+
     def __init__(self, label: str, address: TcpAddress, timeout_s: float = 60.0):
         super().__init__(label, address, timeout_s)
         self._local = threading.local()
 
-    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+    def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             request = _dumps((name, args, kwargs))
         except Exception as exc:
@@ -305,7 +314,8 @@ class TcpClient(Client):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
             except _AuthenticationError as exc:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 raise ConnectionError(
                     f"node '{self._label}' at {address} rejected the program secret (or is "
                     f"not a Trellis node): {exc}"
@@ -326,7 +336,9 @@ class TcpClient(Client):
 class InprocClient(Client):
     """Client of a node in this process (`local_mt`): calls the instance directly."""
 
-    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+    _address: InprocAddress
+
+    def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         instance, context = self._target()
         method = resolve_method(instance, name, self._label)
         # The method runs in the caller's thread; let it see its own node, as it would remotely.
@@ -346,7 +358,7 @@ class InprocClient(Client):
         with _inproc_cond:
             while True:
                 target = _inproc_servers.get(self._address.key)
-                if target is _CLOSED:
+                if isinstance(target, _Closed):
                     raise ConnectionError(f"node '{self._label}' at {self._address} has stopped")
                 if target is not None:
                     return target
@@ -374,8 +386,15 @@ def _unpack_reply(reply: _Message, label: str, name: str) -> Any:
 # Stopped nodes, and the in-process registry (local_mt)
 
 _inproc_cond = threading.Condition()
-_inproc_servers: dict[str, Any] = {}
-_CLOSED = object()  # tombstone: clients of a stopped node fail at once instead of waiting
+
+
+class _Closed:
+    """The tombstone of a stopped node: its clients fail at once instead of waiting."""
+
+
+_CLOSED = _Closed()
+# key -> (the node's instance, its context), or the tombstone once it stopped.
+_inproc_servers: dict[str, tuple[Any, node_context.NodeContext] | _Closed] = {}
 _stopped_tcp: set[TcpAddress] = set()  # (a few dozen bytes per node per launch)
 
 
@@ -520,7 +539,7 @@ class TcpServer:
 
 
 # A message: the pickle and its out-of-band buffers.
-_Message = tuple[bytes | memoryview, list]
+_Message = tuple[bytes | memoryview, list[memoryview]]
 
 
 def _dumps(obj: Any) -> _Message:
@@ -568,7 +587,7 @@ def _send_message(sock: socket.socket, message: _Message) -> None:
 
 def _recv_exact(sock: socket.socket, size: int) -> memoryview:
     # Uninitialised memory: the socket fills it, zeroing it first would be a wasted pass.
-    view = memoryview(np.empty(size, np.uint8)).cast("B")
+    view = np.empty(size, np.uint8).data.cast("B")
     received = 0
     while received < size:
         count = sock.recv_into(view[received:])
@@ -631,14 +650,19 @@ class _DaemonPool:
 
     def __init__(self, max_workers: int = 256):
         self._max_workers = max_workers
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[
+            tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...],
+                  dict[str, Any]]
+        ] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._workers = 0
         self._idle = 0
         self._pending = 0
 
-    def submit(self, fn, *args, **kwargs) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def submit(
+        self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> concurrent.futures.Future[_T]:
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
         self._queue.put((future, fn, args, kwargs))
         with self._lock:
             self._pending += 1
