@@ -15,6 +15,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
+from matplotlib.ticker import FuncFormatter
 
 from trellis.builders.experiments.rundir import (
     AGENT_CONFIG,
@@ -38,6 +39,25 @@ def _pyplot():
     import matplotlib.pyplot as plt  # After choosing the backend, which must come first.
 
     return plt
+
+
+def format_steps(value: float, pos: Any = None) -> str:
+    """A compact tick label for a count of steps: 950, 2.5k, 150k, 1.125M, 2M, 3B.
+
+    Matplotlib writes counts below a million in full, and the ticks of an env-steps axis
+    ("100000", "125000", ...) run into each other. `pos` is the tick's index
+    (matplotlib.ticker.FuncFormatter's signature), unused.
+    """
+    value = float(f"{value:.4g}")  # 4 significant digits first: 999,999 is 1M, not 1000k.
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
+def _steps_axis(ax) -> None:
+    """Labels the x axis of `ax` (env steps) with `format_steps`."""
+    ax.xaxis.set_major_formatter(FuncFormatter(format_steps))
 
 
 def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
@@ -108,6 +128,7 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
                             alpha=0.2)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    _steps_axis(axes[0])
     axes[0].set_ylabel("episode return")
     axes[0].legend(loc="best", fontsize="small")
     fig.suptitle(_title(run_dir))
@@ -187,6 +208,7 @@ def plot_runs(run_dirs: Sequence[str], out: str) -> str:
     axes[1].set_title("evaluation return (greedy)")
     for ax in axes:
         ax.set_xlabel("env steps")
+        _steps_axis(ax)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("episode return")
     axes[0].legend(loc="best", fontsize="small")
