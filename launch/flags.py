@@ -36,6 +36,7 @@ from trellis.builders.contract.config import (
     settings,
 )
 from trellis.builders.experiments.pbt import Dimension, PBTConfig, PopulationPBT
+from trellis.builders.experiments.platforms import ANAKIN, HostPlatform, PopulationSettings
 from trellis.builders.experiments.rundir import (
     AGENT_CONFIG,
     COMMAND_LINE,
@@ -59,9 +60,6 @@ _COMMAND_LINE_ONLY = ("config", "resume")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # A settings file's section that tune.py searches over (docs/tuning.md); run.py ignores it.
 SEARCH = "search"
-# The platform that runs act and learn as one jitted program
-# (builders/experiments/anakin_run.py), beside the runtime's platforms, for envs written in JAX.
-ANAKIN = "anakin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +137,14 @@ class RunSettings:
                              "here (`make test-reverb` builds .venv-reverb with it); use native")
         builder = agent_module(self.options.agent).Builder(self.agent)
         return builder, make_env_factory(self.options.env)
+
+    def platform(self) -> HostPlatform | PopulationSettings:
+        """The platform's typed settings: a program graph's, or anakin's population."""
+        o = self.options
+        if o.platform == ANAKIN:
+            return PopulationSettings(o.num_seeds, self.population_hparams(), o.updates_per_call,
+                                      self.population_pbt())
+        return HostPlatform(o.platform, o.ray_address if o.platform == "ray" else None)
 
     def population_hparams(self) -> dict[str, list[float]]:
         """The anakin members' hyper-parameters, {name: one value per member}."""

@@ -37,6 +37,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     from trellis.builders.experiments.anakin_run import AnakinError
     from trellis.builders.experiments.checkpointing import CheckpointError
     from trellis.builders.experiments.session import (
+        UnsupportedError,
         compile_cache,
         compile_cache_dir,
         run_experiment,
@@ -49,17 +50,12 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
         return 2
     options = run.options
     run_dir = options.logdir or new_run_dir(options.agent, options.env)
-    platform_options = {"ray_address": options.ray_address} if options.platform == "ray" else {}
-    if options.platform == ANAKIN:
-        platform_options = {"num_seeds": options.num_seeds, "hparams": run.population_hparams(),
-                            "updates_per_call": options.updates_per_call,
-                            "pbt": run.population_pbt()}
     cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:
         with compile_cache(cache):
             summary = run_experiment(
-                builder, env_factory, run.experiment, run_dir, platform=options.platform,
-                platform_options=platform_options, quiet=options.quiet,
+                builder, env_factory, run.experiment, run_dir, platform=run.platform(),
+                quiet=options.quiet,
                 resume=options.resume is not None, options=run.saved_options(),
                 argv=list(argv),
                 # Constant: no schedules yet.
@@ -67,7 +63,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     except CheckpointError as e:
         print(f"run.py: error: --resume: {e}", file=sys.stderr)
         return 2
-    except AnakinError as e:
+    except (AnakinError, UnsupportedError) as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return 2
     print(

@@ -196,7 +196,7 @@ def test_bad_command_lines_are_one_line_and_exit_2(argv, message, capsys, tmp_pa
 
 @pytest.mark.parametrize("argv, message", [
     (["--agent=impala", "--core=lstm"], "feed-forward policies only"),
-    (["--agent=dqn"], "replays transitions on the host"),
+    (["--agent=dqn"], "DQNBuilder learns from replay on the host"),
     (["--agent=ppo", "--member_hparams=entropy_costt=0.1"], "entropy_costt is not a hyper"),
 ])
 def test_agents_anakin_cannot_run_exit_2(argv, message, capsys, tmp_path):

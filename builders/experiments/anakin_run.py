@@ -1,12 +1,12 @@
-"""One anakin run: the host loop around `builders.anakin.Population`, with its run directory.
+"""The anakin platform: `AnakinRun` drives `anakin.Population` for the session.
 
-The host calls the compiled step (`updates_per_call` updates of every member) and between
-calls logs (metrics.jsonl and TensorBoard every `log_every_s`), shows progress, checkpoints
-(orbax, every `checkpoint_every_s` and at stop) and checks the stop rule: the env-step budget
-(per member: the members step in lockstep) or every member's mean return over its last
-`return_window` episodes at `stop_at_return` (all members, so a population stops once each
-member has solved). Ctrl-C and SIGTERM stop it with a checkpoint and a summary, as on the
-other platforms.
+The session (builders/experiments/session.py) logs, shows progress, handles signals and times
+checkpoints as on the other platforms; `AnakinRun` makes the compiled calls (`updates_per_call`
+updates of every member each) and asks the stop rule with every member's counters: the
+env-step budget (per member: the members step in lockstep), or the mean return over the last
+`return_window` episodes at `stop_at_return` for every member (independent seeds: the
+population stops once each has solved) or, with PBT, for any member (exploits restart the
+windows of the members they replace).
 
 summary.json's `wall_time_s` counts from the process's start (interpreter, imports and
 compilation included) to the moment the stop rule fired, plus the time of earlier sessions of
@@ -16,11 +16,8 @@ a resumed run; `members` lists each member's result.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
-import signal
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -31,34 +28,13 @@ import numpy as np
 from trellis.agents.common import get_hparams
 from trellis.builders.experiments.anakin import Anakin, Population, population_mesh, shards_members
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
-from trellis.builders.experiments.curves import finish_run_dir
-from trellis.builders.experiments.pbt import PopulationPBT
-from trellis.builders.experiments.progress import Progress
-from trellis.builders.experiments.rundir import RunWriter
-from trellis.builders.experiments.stop import StopRule
-
-ANAKIN = "anakin"
+from trellis.builders.experiments.execution import Ending, Report
+from trellis.builders.experiments.platforms import PopulationSettings
+from trellis.builders.experiments.stop import SIGNAL, StopRule
 
 
 class AnakinError(ValueError):
     """The run cannot go on the anakin platform (agent, env or hyper-parameters): one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PopulationSettings:
-    """What the anakin platform adds to a run's settings.
-
-    Attributes:
-      num_seeds: M, members trained in one program.
-      hparams: {name: M values}, the members' starting hyper-parameters (others: the config's).
-      updates_per_call: updates of every member per compiled call.
-      pbt: population-based training inside the program (`--pbt`), or None.
-    """
-
-    num_seeds: int = 1
-    hparams: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
-    updates_per_call: int = 32
-    pbt: PopulationPBT | None = None
 
 
 @contextlib.contextmanager
@@ -115,14 +91,6 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
         raise AnakinError(f"--platform=anakin needs an env written in JAX, e.g. "
                           f"gymnax:CartPole-v1; {env_factory.env_id!r} is a Gymnasium id "
                           "(use --platform=local_mp for it)")
-    capabilities = builder.capabilities
-    if not capabilities.anakin:
-        raise AnakinError(f"--platform=anakin runs agents whose learning is pure functions of "
-                          f"unrolls (impala, ppo); {type(builder).__name__} learns from "
-                          f"{capabilities.learns_from} on the host (use --platform=local_mp)")
-    if capabilities.recurrent:
-        raise AnakinError("--platform=anakin runs feed-forward policies only; this agent's "
-                          "policy is recurrent (use --platform=local_mp for it)")
     spec = env_factory.spec()
     config = builder.config
     networks = builder.make_networks(spec)
@@ -225,145 +193,107 @@ def _member_hparams(population: Population) -> list[dict[str, float]]:
             for m in range(population.num_members)]
 
 
-def run_anakin(builder: Any, env_factory: Any, config: Any, run_dir: str,
-               settings: PopulationSettings, *, quiet: bool = False,
-               resume: tuple[int, dict[str, Any]] | None = None,
-               options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Trains on the anakin platform until `config` says stop; returns the summary.
+class AnakinRun:
+    """The session's `Execution` of a population on the anakin platform.
+
+    Each `advance` makes one compiled call (`updates_per_call` updates of every member) and
+    reports the members' counters, aggregated (`population_stats`) with per-member fields;
+    the stop rule is asked with every member's counters (`StopRule.decide`). Checkpoints
+    (orbax) are opened at first use: orbax takes a second or two to import, and a short run
+    reaches its target without waiting for it.
 
     Args:
-      builder, env_factory, config, run_dir: as for `builders.experiment.run_experiment`
-        (which writes config.json and calls this for --platform=anakin).
-      settings: members, their hyper-parameters, updates per compiled call.
-      quiet: no progress output.
-      resume: (step, progress) of the checkpoint to continue from
-        (`builders.checkpointing.latest_checkpoint`).
-      options: the command line's options (for the summary's agent name).
+      builder, env_factory, config, run_dir: as for `session.run_experiment`.
+      settings: members, their hyper-parameters, updates per compiled call, PBT.
+      stop_rule: the session's rule.
+      resume: (step, progress) of the checkpoint to continue from, or None.
+      quiet: no lines for PBT's exploits.
 
     Raises:
-      AnakinError: see `make_population`.
+      AnakinError: see `make_anakin`.
     """
-    process_age = seconds_since_process_start()
-    session_start = time.monotonic() - (process_age or 0.0)
-    resume_steps = resume[1]["env_steps"] if resume else None
-    elapsed_before = float(resume[1].get("elapsed_s", 0.0)) if resume else 0.0
-    resumes = int(resume[1].get("resumes", 0)) + 1 if resume else 0
-    population = make_population(builder, env_factory, config.seed, config.return_window,
-                                 settings)
-    # orbax and tensorboardX take a second or two to import: they are opened at their first
-    # use, so a short run reaches its target without waiting for them.
-    checkpoints = functools.cache(
-        lambda: Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints))
-    writer = functools.cache(lambda: RunWriter(run_dir, resume_steps))
-    if resume:
-        state, _ = checkpoints().restore(population.state, resume[0])
-        population.restore(state)
-    steps_per_update = population.anakin.unroll_length * population.anakin.num_envs
-    hparams = _member_hparams(population)
-    rule = StopRule(config.total_env_steps, config.stop_at_return, config.return_window)
-    progress_bar = Progress(config.total_env_steps, quiet=quiet, initial=resume_steps or 0)
-    # Ctrl-C and SIGTERM only set a flag that the loop reads between calls: an exception
-    # raised at an arbitrary point could leave JAX or orbax holding a lock that the final
-    # checkpoint then waits on. A second Ctrl-C interrupts at once.
-    signalled = threading.Event()
 
-    def on_signal(signum, frame):
-        signalled.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    def __init__(self, builder: Any, env_factory: Any, config: Any, run_dir: str,
+                 settings: PopulationSettings, stop_rule: StopRule,
+                 resume: tuple[int, Mapping[str, Any]] | None, quiet: bool = False):
+        # The session's clock starts with the process: imports and compilation count.
+        self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
+        self._elapsed_before = float(resume[1].get("elapsed_s", 0.0)) if resume else 0.0
+        self._resumes = int(resume[1].get("resumes", 0)) + 1 if resume else 0
+        self._config, self._settings, self._rule, self._quiet = config, settings, stop_rule, quiet
+        self._population = population = make_population(
+            builder, env_factory, config.seed, config.return_window, settings)
+        self._checkpoints = functools.cache(
+            lambda: Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints))
+        if resume:
+            state, _ = self._checkpoints().restore(population.state, resume[0])
+            population.restore(state)
+        self._steps_per_update = population.anakin.unroll_length * population.anakin.num_envs
+        self._hparams = _member_hparams(population)
+        self._metrics: Mapping[str, Any] = {}
+        self._exploits = 0
+        self._steady: tuple[float, int] | None = None  # (time, env steps) after compiling.
+        self._last: tuple[Report, list[Any]] | None = None
 
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = ({s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-                if in_main else {})
-
-    def snapshots():
-        elapsed = elapsed_before + time.monotonic() - session_start
+    def _snapshots(self) -> list[Any]:
+        """Every member's counters (waits for the compiled call: they are on the device)."""
+        population = self._population
+        elapsed = self._elapsed_before + time.monotonic() - self._started
         learner_steps = int(np.asarray(jax.device_get(population.state.train.step))[0])
-        return population.snapshots(learner_steps * steps_per_update, elapsed, resumes)
+        return population.snapshots(learner_steps * self._steps_per_update, elapsed,
+                                    self._resumes)
 
-    stopped_by, exit_code, stop_time = None, 0, None
-    steady_start = steady_steps = None
-    last_log = last_checkpoint = time.monotonic()
-    metrics: dict[str, Any] = {}
-    num_exploits = 0
-    try:
-        while stopped_by is None:
-            metrics, exploits = population.step()
-            member_snapshots = snapshots()  # Waits for the call: the counters are on the device.
-            if exploits:
-                num_exploits += len(exploits)
-                hparams = _member_hparams(population)
-                for event in exploits if not quiet else ():
-                    print(describe_exploit(event), flush=True)
-            now = time.monotonic()
-            if steady_start is None:  # After the first call, which compiled the program.
-                steady_start, steady_steps = now, member_snapshots[0].env_steps
-            decisions = [rule(s) for s in member_snapshots]
-            if any(d == "budget" for d in decisions):
-                stopped_by = "budget"
-            elif all(d == "return_target" for d in decisions):
-                stopped_by = "return_target"
-            elif signalled.is_set():
-                stopped_by, exit_code = "signal", 130
-            if stopped_by is not None:
-                stop_time = now
-            if stopped_by is not None or now - last_log >= config.log_every_s or exploits:
-                stats, fields = population_stats(member_snapshots, hparams)
-                if exploits:  # Every round's exploits are in the record after it.
-                    fields["pbt_exploits"] = exploits
-                stats.update(_metrics(metrics), env_steps_per_s=_rate(
-                    member_snapshots[0].env_steps - steady_steps, now - steady_start,
-                    population.num_members))
-                progress_bar.update(stats)
-                writer().log(stats, fields)
-                last_log = now
-            if now - last_checkpoint >= config.checkpoint_every_s:
-                _save(checkpoints(), population, member_snapshots[0])
-                last_checkpoint = now
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        progress_bar.close()
-    member_snapshots = snapshots()
-    _save(checkpoints(), population, member_snapshots[0])
-    checkpoints().close()
-    stats, fields = population_stats(member_snapshots, hparams)
-    stats.update(_metrics(metrics))
-    writer().log(stats, fields)
-    writer().close()
+    def _report(self, snapshots: list[Any], stopped_by: str | None,
+                exploits: Sequence[Mapping[str, Any]] = ()) -> Report:
+        stats, fields = population_stats(snapshots, self._hparams)
+        if exploits:  # Every round's exploits are in the record after it.
+            fields["pbt_exploits"] = list(exploits)
+        steady_time, steady_steps = self._steady or (time.monotonic(), snapshots[0].env_steps)
+        stats.update(_metrics(self._metrics), env_steps_per_s=_rate(
+            snapshots[0].env_steps - steady_steps, time.monotonic() - steady_time,
+            self._population.num_members))
+        report = Report(stats, fields, stopped_by, record_now=bool(exploits))
+        self._last = (report, snapshots)
+        return report
 
-    session_time = stop_time - session_start
-    env_steps = member_snapshots[0].env_steps
-    new_steps = env_steps - (resume_steps or 0)
-    steady_time = stop_time - steady_start if steady_start is not None else 0.0
-    summary = {
-        "agent": (options or {}).get("agent", type(builder).__name__),
-        "platform": ANAKIN,
-        "env": env_factory.env_id,
-        "stopped_by": stopped_by,
-        "exit_code": exit_code,
-        "env_steps": env_steps,  # Per member.
-        "wall_time_s": round(elapsed_before + session_time, 3),
-        "session_wall_time_s": round(session_time, 3),
-        # All members' env steps per second of the session, compilation included...
-        "env_steps_per_s": _rate(new_steps, session_time, population.num_members),
-        # ... and after the first call (compiled): learning's steady rate.
-        "steady_env_steps_per_s": _rate(env_steps - (steady_steps or env_steps), steady_time,
-                                        population.num_members),
-        "mean_return": stats["mean_return"],  # Mean over members of their window means.
-        "return_window": config.return_window,
-        "episodes": stats["episodes"],
-        "learner_steps": stats["learner_steps"],
-        "resumed_from_env_steps": resume_steps,
-        "stop_at_return": config.stop_at_return,
-        "total_env_steps": config.total_env_steps,
-        "num_seeds": population.num_members,
-        "solved_fraction": _solved_fraction(member_snapshots, config),
-        # This session's exploits (None without --pbt); metrics.jsonl lists them.
-        "pbt_exploits": num_exploits if settings.pbt else None,
-        "members": [_member_summary(s, h, config) for s, h in zip(member_snapshots, hparams,
-                                                                  strict=True)],
-    }
-    return finish_run_dir(run_dir, summary)
+    def advance(self, timeout_s: float) -> Report:
+        del timeout_s  # One compiled call: its length is the program's.
+        self._metrics, exploits = self._population.step()
+        snapshots = self._snapshots()
+        if exploits:
+            self._exploits += len(exploits)
+            self._hparams = _member_hparams(self._population)
+            for event in exploits if not self._quiet else ():
+                print(describe_exploit(event), flush=True)
+        if self._steady is None:  # After the first call, which compiled the program.
+            self._steady = (time.monotonic(), snapshots[0].env_steps)
+        return self._report(snapshots, self._rule.decide(snapshots), exploits)
+
+    def checkpoint(self) -> None:
+        _save(self._checkpoints(), self._population, self._snapshots()[0])
+
+    def stop(self) -> Report:
+        return self._report(self._snapshots(), SIGNAL)
+
+    def finish(self) -> Ending:
+        assert self._last is not None
+        report, snapshots = self._last
+        _save(self._checkpoints(), self._population, snapshots[0])
+        self._checkpoints().close()
+        config, members = self._config, self._population.num_members
+        steady_time, steady_steps = self._steady or (time.monotonic(), snapshots[0].env_steps)
+        fields = {
+            # After the first call (compiled): learning's steady rate, all members.
+            "steady_env_steps_per_s": _rate(snapshots[0].env_steps - steady_steps,
+                                            time.monotonic() - steady_time, members),
+            "num_seeds": members,
+            "solved_fraction": _solved_fraction(snapshots, config),
+            # This session's exploits (None without --pbt); metrics.jsonl lists them.
+            "pbt_exploits": self._exploits if self._settings.pbt else None,
+            "members": [_member_summary(s, h, config)
+                        for s, h in zip(snapshots, self._hparams, strict=True)],
+        }
+        return Ending(130 if report.stopped_by == SIGNAL else 0, self._started, fields)
 
 
 def describe_exploit(event: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 import time
 from typing import Any
 
@@ -284,14 +285,15 @@ class LearnerNode:
     evaluator.
 
     The node wires four pieces: the inference server (fed by `step`), the counter
-    (`builders.counter`, fed by `step` and the learner loop), the stop rule (`builders.stop`)
+    (`counter`, fed by `step` and the learner loop), the stop rule (`stop`, from the session)
     and the learner loop, which only moves batches and params (next batch -> learner update
-    -> params to inference), asking the stop rule and the checkpoint timer between updates.
+    -> params to inference), asking the stop rule between updates and checkpointing when
+    the session asks (the `checkpoint` RPC).
     When the rule gives a reason the program stops (`runtime.request_stop`) with the final
     stats as `info`.
 
-    With `checkpoints`, the learner state and the counter are checkpointed every
-    `config.checkpoint_every_s` seconds and when the node stops; with its `resume_step`,
+    With `checkpoints`, the learner state and the counter are checkpointed on each
+    `checkpoint()` and when the node stops; with its `resume_step`,
     both are restored from that checkpoint first, so counters and returns continue.
 
     Args:
@@ -304,7 +306,8 @@ class LearnerNode:
     """
 
     def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
-                 replay: Any = None, checkpoints: Checkpoints | None = None):
+                 replay: Any = None, checkpoints: Checkpoints | None = None,
+                 stop_rule: StopRule | None = None):
         self._config = config
         spec = env_factory.spec()
         learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -323,9 +326,9 @@ class LearnerNode:
                 self._learner.restore(state)
         self._counter = (Counter(config.return_window) if progress is None
                          else Counter.restore(progress, config.return_window))
-        self._stop_rule = StopRule(config.total_env_steps, config.stop_at_return,
-                                   config.return_window)
-        self._checkpoint_timer = _Interval(config.checkpoint_every_s)
+        self._stop_rule = stop_rule or StopRule.of(config)
+        # Set by the `checkpoint` RPC (the session's timer), honoured between updates.
+        self._checkpoint_due = threading.Event()
         # Pulling metrics syncs with the device: only once per log interval.
         self._log_timer = _Interval(config.log_every_s, due_now=True)
         self._rate = StepRate(self._counter.env_steps())
@@ -409,6 +412,10 @@ class LearnerNode:
         """The current params as host (numpy) arrays, e.g. for an evaluator in another process."""
         return jax.device_get(self._learner.params)
 
+    def checkpoint(self) -> None:
+        """Checkpoints before the next update (the learner thread owns the state)."""
+        self._checkpoint_due.set()
+
     def record_evaluation(self, result: dict[str, Any]) -> None:
         """Keeps an evaluator's latest result; `stats()` reports it."""
         # Rebinding one attribute is atomic: `stats()` sees the old result or the new one.
@@ -419,7 +426,6 @@ class LearnerNode:
     def run(self) -> None:
         """Trains until the stop rule or the program says stop; checkpoints at the end."""
         self._counter.start_session()
-        self._checkpoint_timer.restart()
         self._inference.start()
         try:
             reason = self._train()
@@ -443,7 +449,8 @@ class LearnerNode:
             reason = self._stop_rule(snapshot)
             if reason is not None:
                 return reason
-            if self._checkpoint_timer.due():
+            if self._checkpoint_due.is_set():
+                self._checkpoint_due.clear()
                 self._save_checkpoint(self._counter.snapshot())
             batch = self._feed.next_batch()
             if batch is None or not self._config.learn:
@@ -469,7 +476,6 @@ class LearnerNode:
         state = self._learner.state
         progress = snapshot.progress()
         self._checkpointer.save(progress["env_steps"], state, progress)
-        self._checkpoint_timer.restart()
 
 
 def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:

@@ -9,6 +9,7 @@ from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.builders.experiments.evaluation import Evaluator
 from trellis.builders.experiments.inference import step_specs
 from trellis.builders.experiments.learner_node import LearnerNode, agent_table, max_unrolls
+from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_table_spec
 from trellis.envs.factory import EnvFactory
 from trellis.launch import runtime
@@ -21,6 +22,7 @@ def make_program(
     config: ExperimentConfig,
     name: str = "trellis",
     checkpoints: Checkpoints | None = None,
+    stop_rule: StopRule | None = None,
 ) -> runtime.Program:
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
@@ -32,7 +34,8 @@ def make_program(
     with `config.unroll_queue == "replay"`, the Queue table through which unrolls reach the
     learner. With `config.eval_every > 0` an "evaluator" node runs
     the greedy policy on envs of its own. With `checkpoints`, the learner checkpoints there
-    (and resumes from its `resume_step`).
+    (and resumes from its `resume_step`); the learner node stops the program by `stop_rule`
+    (default: the config's).
 
     Returns:
       The program; its "learner" group holds one node whose handle is the env workers'
@@ -56,7 +59,8 @@ def make_program(
     # workers on CPU machines; other platforms ignore resources.
     with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(
-            runtime.CourierNode(LearnerNode, builder, env_factory, config, replay, checkpoints))
+            runtime.CourierNode(LearnerNode, builder, env_factory, config, replay, checkpoints,
+                                stop_rule))
     # A restarted env worker comes back with a new run id; inference then drops its partial
     # unrolls, so no unroll spans the restart.
     with program.group("actor", max_restarts=config.max_actor_restarts,

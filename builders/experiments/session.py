@@ -1,10 +1,19 @@
-"""`run_experiment`: one training run of any builder, with its run directory.
+"""The session: the one host-side driver of a run, whatever the platform.
 
-It builds the program (`builders.make_program`), launches it, shows progress, writes the run
-directory (builders/experiments/rundir.py) as it goes, and learning_curve.png and summary.json
-at the end.
-`launch/run.py` calls it for the registered agents; a notebook may call it with a builder of
-its own (on `local_mt`, since a class defined in a notebook cannot be pickled into processes).
+`run_experiment` writes config.json, checks the agent can do the run (`check_supported`), and
+hands the platform's `Execution` to a `Session`, which owns what every platform shares:
+signals (SIGINT, SIGTERM, SIGQUIT stop the run with a final checkpoint), the progress display,
+the run directory's metrics (metrics.jsonl, TensorBoard), the checkpoint timer, and the
+summary (a typed `Summary`, written as summary.json with learning_curve.png). The stop rule
+(`stop.StopRule`) is made here too and given to the platform, which asks it where the counters
+live. A platform only runs the program until told to stop, reporting counters:
+
+- `program_run.ProgramRun`: the SEED-style program graph on `local_mt`, `local_mp` or `ray`;
+- `anakin_run.AnakinRun`: act and learn in one jitted program (`--platform=anakin`).
+
+`launch/run.py` calls `run_experiment` for the registered agents; a notebook may call it with
+a builder of its own (on `local_mt`, since a class defined in a notebook cannot be pickled
+into processes).
 """
 
 from __future__ import annotations
@@ -16,19 +25,25 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 
-from trellis.builders.experiments.anakin_run import ANAKIN, PopulationSettings, run_anakin
-from trellis.builders.experiments.checkpointing import (
-    Checkpoints,
-    checkpoint_dir,
-    latest_checkpoint,
-)
+from trellis.builders.contract.agent import Builder
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.anakin_run import AnakinRun
+from trellis.builders.experiments.checkpointing import latest_checkpoint
 from trellis.builders.experiments.curves import finish_run_dir
-from trellis.builders.experiments.program import make_program
+from trellis.builders.experiments.execution import Ending, Execution, Report
+from trellis.builders.experiments.platforms import (
+    ANAKIN,
+    Platform,
+    PopulationSettings,
+    platform_name,
+    platform_settings,
+)
+from trellis.builders.experiments.program_run import ProgramRun
 from trellis.builders.experiments.progress import Progress
 from trellis.builders.experiments.rundir import (
     AGENT_CONFIG,
@@ -42,37 +57,207 @@ from trellis.builders.experiments.rundir import (
     versions,
     write_json,
 )
-from trellis.launch import runtime
+from trellis.builders.experiments.stop import StopRule
+from trellis.envs.factory import EnvFactory
+
+# How long the session waits for a report at most: it records a point of the learning curve
+# every 1% of the budget (`Session._advanced`) besides every `log_every_s`.
+POLL_S = 0.1
 
 
-def _asdict(obj: Any) -> Any:
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else repr(obj)
+class UnsupportedError(ValueError):
+    """The agent cannot do this run (`Capabilities`): one line saying what would work."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """summary.json: how a run went. `fields` are the platform's own (`Ending.fields`)."""
+
+    agent: str
+    platform: str
+    env: str
+    stopped_by: str
+    exit_code: int
+    env_steps: int  # Per member on anakin: the members step in lockstep.
+    wall_time_s: float  # This session and the earlier sessions of a resumed run.
+    session_wall_time_s: float
+    env_steps_per_s: float  # All members' new env steps per second of this session.
+    mean_return: float | None  # Over the last `return_window` episodes (anakin: members' mean).
+    return_window: int
+    episodes: int
+    learner_steps: int
+    resumed_from_env_steps: int | None
+    stop_at_return: float | None
+    total_env_steps: int
+    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("fields", "error")}
+        record.update(self.fields)
+        if self.error is not None:
+            record["error"] = self.error
+        return record
+
+
+def check_supported(builder: Builder, platform: str) -> None:
+    """Raises UnsupportedError when the agent's capabilities do not cover `platform`."""
+    capabilities = builder.capabilities
+    name = type(builder).__name__
+    if platform == ANAKIN and not capabilities.anakin:
+        raise UnsupportedError(
+            f"--platform=anakin runs agents whose learning is pure functions of unrolls "
+            f"(impala, ppo); {name} learns from {capabilities.learns_from} on the host "
+            "(use --platform=local_mp)")
+    if platform == ANAKIN and capabilities.recurrent:
+        raise UnsupportedError(
+            f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
+            "(use --platform=local_mp for it)")
+
+
+class Session:
+    """Drives one session of a run to its end: see the module's docstring.
+
+    Args:
+      config: the experiment's settings (log and checkpoint intervals, stop rule).
+      run_dir: the run directory.
+      quiet: no progress output.
+      resume_progress: the progress record of the checkpoint a resumed run continues from.
+      extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
+      on_stats: called with each stats record as it is logged; True stops the run (a signal).
+    """
+
+    def __init__(self, config: ExperimentConfig, run_dir: str, *, quiet: bool = False,
+                 resume_progress: Mapping[str, Any] | None = None,
+                 extra_metrics: Mapping[str, Any] | None = None,
+                 on_stats: Callable[[dict[str, Any]], bool] | None = None):
+        self._config = config
+        self._run_dir = run_dir
+        self._quiet = quiet
+        self._resume_steps = None if resume_progress is None else resume_progress["env_steps"]
+        self._elapsed_before = float((resume_progress or {}).get("elapsed_s", 0.0))
+        self._extra = dict(extra_metrics or {})
+        self._on_stats = on_stats
+        self._writer: RunWriter | None = None
+        self._recorded_steps = -1
+        self._signalled = threading.Event()
+
+    def run(self, execution: Execution, *, agent: str, platform: str, env: str) -> Summary:
+        """Advances `execution` until it stops or is told to; writes the run directory."""
+        config = self._config
+        progress = Progress(config.total_env_steps, quiet=self._quiet,
+                            initial=self._resume_steps or 0)
+        last: Report | None = None
+        last_record = last_checkpoint = time.monotonic()
+        try:
+            with self._signals():
+                while last is None or last.stopped_by is None:
+                    report = execution.advance(min(config.log_every_s, POLL_S))
+                    now = time.monotonic()
+                    stop = self._signalled.is_set()
+                    if report is not None:
+                        last = report
+                        if (report.stopped_by is not None or report.record_now
+                                or now - last_record >= config.log_every_s
+                                or self._advanced(report)):
+                            progress.update(dict(report.stats))
+                            stop |= self._record(report)
+                            last_record = now
+                    if stop and (last is None or last.stopped_by is None):
+                        last = execution.stop()
+                        self._record(last)
+                    elif now - last_checkpoint >= config.checkpoint_every_s:
+                        execution.checkpoint()
+                        last_checkpoint = now
+        finally:
+            progress.close()
+        stopped = time.monotonic()
+        ending = execution.finish()
+        if self._writer is not None:
+            self._writer.close()
+        return self._summary(last, ending, stopped - ending.started, agent, platform, env)
+
+    def _advanced(self, report: Report) -> bool:
+        """Whether env steps advanced by 1% of the budget since the last record: a run of a
+        few seconds still draws its learning curve from dozens of points."""
+        step = max(1, self._config.total_env_steps // 100)
+        return int(report.stats.get("env_steps", 0)) - self._recorded_steps >= step
+
+    def _record(self, report: Report) -> bool:
+        """Writes `report` into the run directory; whether `on_stats` asks to stop."""
+        if self._writer is None:  # tensorboardX takes a second to import: at first use.
+            self._writer = RunWriter(self._run_dir, self._resume_steps)
+        stats = dict(report.stats)
+        self._writer.log(stats, {**self._extra, **report.fields})
+        self._recorded_steps = max(self._recorded_steps, int(stats.get("env_steps", 0)))
+        return self._on_stats is not None and bool(self._on_stats(stats))
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """Ctrl-C, SIGTERM and SIGQUIT only set a flag that the loop reads between advances:
+        an exception raised at an arbitrary point could leave JAX, orbax or tensorboardX
+        holding a lock that the final checkpoint then waits on. A second Ctrl-C interrupts."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum, frame):
+            self._signalled.set()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+        previous = {s: signal.signal(s, on_signal) for s in signals}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _summary(self, last: Report, ending: Ending, session_time: float, agent: str,
+                 platform: str, env: str) -> Summary:
+        stats = last.stats
+        env_steps = int(stats.get("env_steps", self._resume_steps or 0))
+        new_steps = (env_steps - (self._resume_steps or 0)) * int(
+            ending.fields.get("num_seeds", 1))
+        return Summary(
+            agent=agent, platform=platform, env=env, stopped_by=str(last.stopped_by),
+            exit_code=ending.exit_code, env_steps=env_steps,
+            wall_time_s=round(self._elapsed_before + session_time, 3),
+            session_wall_time_s=round(session_time, 3),
+            env_steps_per_s=round(new_steps / session_time, 1) if session_time > 0 else 0.0,
+            mean_return=stats.get("mean_return"), return_window=self._config.return_window,
+            episodes=int(stats.get("episodes", 0)),
+            learner_steps=int(stats.get("learner_steps", 0)),
+            resumed_from_env_steps=self._resume_steps,
+            stop_at_return=self._config.stop_at_return,
+            total_env_steps=self._config.total_env_steps, fields=ending.fields,
+            error=ending.error)
 
 
 def run_experiment(
-    builder: Any,
-    env_factory: Any,
-    config: Any,
+    builder: Builder,
+    env_factory: EnvFactory,
+    config: ExperimentConfig,
     run_dir: str,
     *,
-    platform: str = "local_mt",
+    platform: str | Platform = "local_mt",
     quiet: bool = False,
     resume: bool = False,
     options: dict[str, Any] | None = None,
     argv: list[str] | None = None,
     extra_metrics: dict[str, Any] | None = None,
-    platform_options: dict[str, Any] | None = None,
     on_stats: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[str, Any]:
     """Trains `builder` on `env_factory`'s envs until `config` says stop; returns the summary.
 
     Args:
-      builder: the agent (builders.base.Builder).
+      builder: the agent (builders.contract.agent.Builder).
       env_factory: envs.EnvFactory.
-      config: the experiment settings (builders.config.ExperimentConfig); the learner
-        checkpoints into RUN_DIR/checkpoints.
+      config: the experiment settings; checkpoints go to RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
-      platform: "local_mt", "local_mp", "ray" or "anakin" (builders/experiments/anakin_run.py).
+      platform: "local_mt", "local_mp", "ray" or "anakin", or a platform's typed settings
+        (`HostPlatform`, e.g. with a Ray address; `PopulationSettings` for anakin).
       quiet: no progress output.
       resume: continue from the newest checkpoint in `run_dir`: counters, metrics and curves
         go on from there.
@@ -80,103 +265,41 @@ def run_experiment(
         the env's id only).
       argv: the command line of this session, recorded in config.json's run record.
       extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
-      platform_options: passed on to `runtime.launch` (e.g. `ray_address`); for anakin, the
-        fields of `PopulationSettings`.
-      on_stats: called with each stats record of the learner node as it is logged (e.g. to
-        report to Ray Tune); returning True stops the run (stopped_by "signal").
+      on_stats: called with each stats record as it is logged (e.g. to report to Ray Tune);
+        returning True stops the run (stopped_by "signal").
 
     Returns:
-      The summary (also in RUN_DIR/summary.json), with "exit_code": 0 when the run stopped
-      at its budget or target, 1 on a node's error, 130 on a signal.
+      summary.json's content (`Summary.as_json`).
 
     Raises:
-      builders.checkpointing.CheckpointError: `resume` and no readable checkpoint.
+      builders.experiments.checkpointing.CheckpointError: `resume` and no readable checkpoint.
+      UnsupportedError: the agent cannot run on this platform (one line).
+      builders.experiments.anakin_run.AnakinError: the env or hyper-parameters do not fit
+        the anakin platform.
     """
+    settings = platform_settings(platform)
+    name = platform_name(settings)
+    check_supported(builder, name)
     os.makedirs(run_dir, exist_ok=True)
-    step, resume_steps, resume_elapsed = None, None, 0.0
-    if resume:
-        step, progress = latest_checkpoint(run_dir)  # A clear error before anything starts.
-        resume_steps, resume_elapsed = progress["env_steps"], float(progress.get("elapsed_s", 0))
+    resume_from = latest_checkpoint(run_dir) if resume else None  # Errors before anything.
+    resume_progress = resume_from[1] if resume_from else None
     options = options or {"env": getattr(env_factory, "env_id", repr(env_factory))}
-    _write_config(run_dir, builder, config, options, argv, resume_steps)
-    if platform == ANAKIN:  # One jitted program, no program graph (anakin_run.py).
-        return run_anakin(builder, env_factory, config, run_dir,
-                          PopulationSettings(**(platform_options or {})), quiet=quiet,
-                          resume=(step, progress) if resume else None, options=options)
-
-    name = getattr(env_factory, "env_id", "env")
-    program = make_program(builder, env_factory, config, name=f"{type(builder).__name__}-{name}",
-                           checkpoints=Checkpoints(checkpoint_dir(run_dir), step))
-    progress_bar = Progress(config.total_env_steps, quiet=quiet, initial=resume_steps or 0)
-    writer = RunWriter(run_dir, resume_steps)
-    stats: dict[str, Any] = {}
-    in_main = threading.current_thread() is threading.main_thread()
-    # SIGTERM ends the run like Ctrl-C: nodes stopped, summary written.
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if in_main else None
-    start, launched_at = time.monotonic(), time.time()
-    running = runtime.launch(program, platform=platform, block=False,
-                            **(platform_options or {}))
-    try:
-        # Ctrl-C and SIGTERM stop the program through the launcher's flag for the whole loop: a
-        # KeyboardInterrupt raised inside the writer's tensorboardX calls hung run.py (issue 14).
-        with running.stop_on_signals():
-            learner = program.handles("learner")[0].dereference()
-            pending = None
-            result = None
-            while result is None:
-                result = running.wait(timeout=config.log_every_s)
-                if pending is not None and pending.done():
-                    if pending.exception() is None:
-                        stats = pending.result()
-                        progress_bar.update(stats)
-                        writer.log(stats, extra_metrics)
-                        if on_stats is not None and on_stats(stats):
-                            result = running.stop()
-                    pending = None
-                if result is None and pending is None:
-                    pending = learner.futures.stats()
-    except KeyboardInterrupt:
-        result = running.stop()
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
-        progress_bar.close()
-    session_time = time.monotonic() - start
-
-    if result.stopped_by == "requested":
-        stats, stopped_by = dict(result.info), result.reason
-        writer.log(stats, extra_metrics)  # The final counters.
+    _write_config(run_dir, builder, config, options, argv,
+                  None if resume_progress is None else resume_progress["env_steps"])
+    session = Session(config, run_dir, quiet=quiet, resume_progress=resume_progress,
+                      extra_metrics=extra_metrics, on_stats=on_stats)
+    execution: Execution
+    if isinstance(settings, PopulationSettings):
+        rule = StopRule.of(config, every_member=settings.pbt is None)
+        execution = AnakinRun(builder, env_factory, config, run_dir, settings, rule,
+                              resume_from, quiet=quiet)
     else:
-        stopped_by = result.stopped_by
-    writer.close()
-    env_steps = int(stats.get("env_steps", resume_steps or 0))
-    new_steps = env_steps - (resume_steps or 0)
-    summary = {
-        "agent": options.get("agent", type(builder).__name__),
-        "platform": platform,
-        "env": name,
-        "stopped_by": stopped_by,
-        "exit_code": result.exit_code,
-        "env_steps": env_steps,
-        "wall_time_s": round(resume_elapsed + session_time, 3),
-        "session_wall_time_s": round(session_time, 3),
-        "env_steps_per_s": round(new_steps / session_time, 1) if session_time > 0 else 0.0,
-        "mean_return": stats.get("mean_return"),  # Over the last `return_window` episodes.
-        "return_window": config.return_window,
-        "last_evaluation": stats.get("evaluation"),
-        "episodes": stats.get("episodes", 0),
-        "learner_steps": stats.get("learner_steps", 0),
-        "resumed_from_env_steps": resume_steps,
-        "node_restarts": running.restarts,  # Label -> restarts after failures (env workers).
-        "stop_at_return": config.stop_at_return,
-        "total_env_steps": config.total_env_steps,
-        # Seconds from the launch to this session's first env step and first learner update.
-        "startup_s": {name: None if t is None else round(t - launched_at, 3)
-                      for name, t in stats.get("startup", {}).items()},
-    }
-    if result.stopped_by == "error":
-        summary["error"] = result.reason
-    return finish_run_dir(run_dir, summary)
+        execution = ProgramRun(builder, env_factory, config, run_dir, settings,
+                               StopRule.of(config), None if resume_from is None else resume_from[0])
+    summary = session.run(execution, agent=options.get("agent", type(builder).__name__),
+                          platform=name, env=getattr(env_factory, "env_id", "env"))
+    return finish_run_dir(run_dir, summary.as_json())
+
 
 
 # Where runs side by side share JAX's persistent compilation cache: in their parent directory.
@@ -220,7 +343,13 @@ def compile_cache(directory: str | None) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _write_config(run_dir, builder, config, options, argv, resume_steps) -> None:
+def _asdict(obj: Any) -> Any:
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else repr(obj)
+
+
+def _write_config(run_dir: str, builder: Builder, config: ExperimentConfig,
+                  options: Mapping[str, Any], argv: list[str] | None,
+                  resume_steps: int | None) -> None:
     """config.json: the run's settings (launch/flags.py reads them back) and its record."""
     path = os.path.join(run_dir, CONFIG)
     now = datetime.datetime.now().isoformat(timespec="seconds")
@@ -233,10 +362,6 @@ def _write_config(run_dir, builder, config, options, argv, resume_steps) -> None
         record = {"created": now, "git_commit": session["git_commit"],
                   "versions": session["versions"], "sessions": [session]}
     # The settings are those of the newest session: a resumed run goes on with them.
-    write_json(path, {COMMAND_LINE: options, EXPERIMENT: _asdict(config),
+    write_json(path, {COMMAND_LINE: dict(options), EXPERIMENT: _asdict(config),
                       AGENT_CONFIG: _asdict(getattr(builder, "config", None)),
                       RUN_RECORD: record})
-
-
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt

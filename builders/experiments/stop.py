@@ -1,8 +1,10 @@
 """When a run stops: the env-step budget, or a mean return target over a full return window.
 
 Acme's `StepsLimiter` is the idea: stopping is its own small piece, a pure function of the
-counter (`builders.counter.CounterSnapshot`), asked by the learner loop between steps. It
-returns why the run should stop, which the program reports as `stopped_by`, or None.
+counters (`builders.experiments.counter.CounterSnapshot`, one per population member), asked
+where the counters live: by the learner node between updates, by the anakin loop between
+compiled calls. It returns why the run should stop, which the summary reports as `stopped_by`,
+or None. The session (`builders.experiments.session`) makes one from the run's settings.
 
 No JAX here (numpy only), like the counter.
 """
@@ -10,13 +12,18 @@ No JAX here (numpy only), like the counter.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
+from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.counter import CounterSnapshot
 
+# Why a run stopped (summary.json's `stopped_by`).
 BUDGET = "budget"
 RETURN_TARGET = "return_target"
+SIGNAL = "signal"  # Ctrl-C, SIGTERM, SIGQUIT, or the caller's `on_stats` (e.g. Ray Tune).
+ERROR = "error"  # A node failed; the summary's `error` says which and why.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +37,15 @@ class StopRule:
         `return_window` episodes have finished, so a few lucky first episodes cannot stop
         the run.
       return_window: how many of the latest episodes the target's mean is over.
+      every_member: a population reaches the target when every member has (independent
+        seeds); False: when any member has (population-based training, whose exploits
+        restart the windows of the members they replace, so some window is always filling).
     """
 
     total_env_steps: int
     stop_at_return: float | None = None
     return_window: int = 100
+    every_member: bool = True
 
     def __post_init__(self):
         if self.total_env_steps < 1:
@@ -54,3 +65,18 @@ class StopRule:
         # The snapshot's window may be longer than ours: the target is over our last episodes.
         window = snapshot.returns[-self.return_window:]
         return RETURN_TARGET if float(np.mean(window)) >= self.stop_at_return else None
+
+    @classmethod
+    def of(cls, config: ExperimentConfig, every_member: bool = True) -> StopRule:
+        """The rule of a run's settings."""
+        return cls(config.total_env_steps, config.stop_at_return, config.return_window,
+                   every_member)
+
+    def decide(self, members: Sequence[CounterSnapshot]) -> str | None:
+        """Why a population should stop: any member at the budget (they step in lockstep),
+        or the return target reached by every member (`every_member`) or by any; or None."""
+        decisions = [self(m) for m in members]
+        if BUDGET in decisions:
+            return BUDGET
+        reached = all if self.every_member else any
+        return RETURN_TARGET if reached(d == RETURN_TARGET for d in decisions) else None
