@@ -50,7 +50,7 @@ _PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 class _NodeActor:
     """Hosts one node in a Ray worker process (wrapped with `ray.remote` at launch)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._statuses: queue.SimpleQueue[Status] = queue.SimpleQueue()
 
@@ -137,7 +137,9 @@ class Backend:
             ray.init(address=self._address or "local", num_cpus=num_cpus,
                      include_dashboard=False, log_to_driver=True, configure_logging=False)
             self._started_ray = self._address is None
-        self._remote_class = ray.remote(max_concurrency=_NODE_ACTOR_CONCURRENCY)(_NodeActor)
+        # (Ray's annotations of `remote` leave out the actor option max_concurrency.)
+        self._remote_class = ray.remote(  # type: ignore[call-overload]
+            max_concurrency=_NODE_ACTOR_CONCURRENCY)(_NodeActor)
         secret = os.urandom(_SECRET_BYTES)
         nodes = self._program.nodes
         several = sum(n["Alive"] for n in ray.nodes()) > 1
@@ -225,7 +227,7 @@ class Backend:
 
     def _statuses(self, actor: _Actor) -> list[Status]:
         try:
-            out = self._ray.get(actor.status_ref)
+            out: list[Status] = self._ray.get(actor.status_ref)
         except self._ray.exceptions.RayError:
             actor.status_ref = None  # The actor is gone; its run_node ref tells how.
             return []
@@ -245,7 +247,8 @@ class Backend:
                            reason=f"its Ray actor died: {program_lib.one_line(exc)}")]
         # run_node returned: its last messages ("finished", "error") are in the pending
         # long-poll (answered within _STATUS_POLL_S) or still queued.
-        out = self._ray.get(actor.status_ref) if actor.status_ref is not None else []
+        out: list[Status] = (self._ray.get(actor.status_ref) if actor.status_ref is not None
+                             else [])
         out += self._ray.get(actor.handle.statuses.remote(0.0))
         actor.status_ref = None
         return out
