@@ -127,8 +127,9 @@ def small_ppo_anakin(return_window: int):
     spec = factory.spec()
     networks = builder.make_networks(spec)
     learner = builder.make_learner(networks, spec, jax.random.key(0))
-    anakin = Anakin(env=factory.make(), policy=builder.make_policy(networks), init=learner.init,
-                    update=learner.make_update(learner.mesh), initial_state={},
+    training = builder.make_training(networks, spec)
+    anakin = Anakin(env=factory.make(), policy=builder.make_policy(networks), init=training.init,
+                    update=training.make_update(learner.mesh), initial_state={},
                     num_envs=SMALL_PPO.batch_size, unroll_length=SMALL_PPO.unroll_length,
                     return_window=return_window)
     return anakin, learner

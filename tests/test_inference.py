@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from trellis.builders.contract.agent import ArraySpec
+from trellis.builders.experiments.feeds import UnrollBatcher
 from trellis.builders.experiments.inference import InferenceServer, UnrollRecorder, step_specs
-from trellis.builders.experiments.learner_node import UnrollBatcher
 from trellis.envs import EnvSpec
 
 SPEC = EnvSpec((3,), "float32", 4, (), "int32")

@@ -12,7 +12,7 @@ from trellis.builders.experiments.checkpointing import (
     checkpoint_dir,
     latest_checkpoint,
 )
-from trellis.builders.experiments.learner_node import UnrollFeed
+from trellis.builders.experiments.feeds import UnrollFeed
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.unroll_queue import LocalUnrollQueue
 from trellis.envs import EnvFactory

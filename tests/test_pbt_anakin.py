@@ -243,3 +243,20 @@ def test_bad_pbt_command_lines_are_one_line_and_exit_2(argv, message, capsys, tm
     assert run.main(["--agent=ppo", f"--logdir={tmp_path}", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_stop_at_return_fires_with_pbt(tmp_path):
+    """An exploit every compiled call restarts one member's window each time, so "every member
+    at the target" never holds; with --pbt the target is the best member's (issue 20)."""
+    run_dir = tmp_path / "run"
+    code = run.main(["--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}",
+                     "--batch_size=8", "--unroll_length=8", "--num_minibatches=2",
+                     "--hidden_sizes=16", "--updates_per_call=1", "--num_seeds=4",
+                     "--pbt", "--pbt_interval=64", "--member_hparams=learning_rate=1e-4:1e-1",
+                     "--stop_at_return=5", "--return_window=5", "--total_env_steps=8192",
+                     "--quiet", "--no_compile_cache", f"--logdir={run_dir}"])
+    assert code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "return_target", summary
+    assert summary["env_steps"] < 8192 and summary["pbt_exploits"] >= 1
+    assert max(m["mean_return"] or 0 for m in summary["members"]) >= 5

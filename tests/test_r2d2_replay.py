@@ -18,8 +18,8 @@ from trellis.agents.r2d2 import R2D2Builder, R2D2Config
 from trellis.agents.r2d2.builder import epsilon_ladder
 from trellis.agents.r2d2.learner import make_update
 from trellis.builders.contract.agent import REPLAY_KEY
+from trellis.builders.experiments.feeds import ReplayFeed, agent_table
 from trellis.builders.experiments.inference import InferenceServer, step_specs
-from trellis.builders.experiments.learner_node import ReplayFeed, agent_table
 from trellis.envs.specs import EnvSpec
 
 SPEC = EnvSpec((4,), "float32", 2, (), "int32")

@@ -52,5 +52,5 @@ def test_anakin_refuses_a_recurrent_agent_in_one_line(tmp_path):
                f"--logdir={tmp_path}"], timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "run.py: error: --platform=anakin runs feed-forward policies only; this agent's policy "
+        "run.py: error: --platform=anakin runs feed-forward policies only; R2D2Builder's policy "
         "is recurrent (use --platform=local_mp for it)"]

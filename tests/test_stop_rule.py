@@ -53,3 +53,22 @@ def test_budget_wins_when_both_are_reached():
 def test_bad_settings_say_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StopRule(**kwargs)
+
+
+def test_a_population_stops_at_any_members_budget():
+    rule = StopRule(total_env_steps=100, stop_at_return=1e9, return_window=2)
+    assert rule.decide([snapshot(env_steps=99), snapshot(env_steps=99)]) is None
+    assert rule.decide([snapshot(env_steps=100), snapshot(env_steps=100)]) == "budget"
+
+
+def test_seeds_stop_when_every_member_reached_the_target_pbt_when_any_did():
+    """PBT's exploits restart the windows of the members they replace, so some member's window
+    is always filling: `every_member` would never fire there (issue 20)."""
+    solved, restarted = snapshot(returns=[100.0, 100.0]), snapshot(returns=[])
+    seeds = StopRule(total_env_steps=10**6, stop_at_return=50.0, return_window=2)
+    pbt = StopRule(total_env_steps=10**6, stop_at_return=50.0, return_window=2,
+                   every_member=False)
+    assert seeds.decide([solved, restarted]) is None
+    assert seeds.decide([solved, solved]) == "return_target"
+    assert pbt.decide([solved, restarted]) == "return_target"
+    assert pbt.decide([restarted, snapshot(returns=[10.0, 10.0])]) is None

@@ -5,14 +5,13 @@ SEED RL's learner is the model: env workers send observations to this node's inf
 unrolls; the learner loop here takes them in batches, updates, and hands the new params back
 to inference in the same process, with no copy through the network.
 
-The node is wiring; each concern is its own piece: counting (`builders.counter`), stopping
-(`builders.stop`), the unroll queue (`builders.unroll_queue`), checkpoints
-(`builders.checkpointing`). Its loop only moves batches and params.
+The node is wiring; each concern is its own piece: counting (`counter`), stopping
+(`stop`), the learner's input (`feeds`: unrolls in order, or batches sampled from the
+agent's replay table), checkpoints (`checkpointing`). Its loop only moves batches and params.
 """
 
 from __future__ import annotations
 
-import collections
 import math
 import threading
 import time
@@ -22,192 +21,18 @@ import jax
 import numpy as np
 
 from trellis.builders.contract.agent import (
-    REPLAY_KEY,
-    REPLAY_PROBABILITY,
-    REPLAY_TABLE_SIZE,
     Builder,
-    QueueSpec,
 )
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
 from trellis.builders.experiments.env_worker import shm_layout
+from trellis.builders.experiments.feeds import ReplayFeed, UnrollFeed, agent_table, unroll_queue
 from trellis.builders.experiments.inference import InferenceServer, step_specs
 from trellis.builders.experiments.stop import StopRule
-from trellis.builders.experiments.unroll_queue import (
-    LocalUnrollQueue,
-    TableUnrollQueue,
-    unroll_signature,
-)
 from trellis.envs.factory import EnvFactory
-from trellis.envs.specs import EnvSpec
 from trellis.launch import runtime
-from trellis.launch.runtime.node_context import StopEvent
-from trellis.reverb_tables import RateLimiterTimeout, ReplayClient, StreamingWriter, TableSpec
-
-UnrollQueue = LocalUnrollQueue | TableUnrollQueue
-
-
-class UnrollBatcher:
-    """Concatenates per-worker unroll chunks [T + 1, K, ...] into batches [T + 1, B, ...]."""
-
-    def __init__(self, batch_size: int):
-        self._batch_size = batch_size
-        self._chunks: list[dict[str, np.ndarray]] = []
-        self._columns = 0
-
-    def add(self, chunk: dict[str, np.ndarray]) -> None:
-        self._chunks.append(chunk)
-        self._columns += next(iter(chunk.values())).shape[1]
-
-    def pop(self) -> dict[str, np.ndarray] | None:
-        """A full batch if enough columns are pending; the rest stays for the next one."""
-        if self._columns < self._batch_size:
-            return None
-        joined = {k: np.concatenate([c[k] for c in self._chunks], axis=1)
-                  for k in self._chunks[0]}
-        b = self._batch_size
-        rest = {k: v[:, b:] for k, v in joined.items()}
-        self._columns -= b
-        self._chunks = [rest] if self._columns else []
-        return {k: v[:, :b] for k, v in joined.items()}
-
-
-class UnrollFeed:
-    """Unrolls from inference to the learner: a bounded queue, then batches of `batch_size`.
-
-    Args:
-      unrolls: the queue (`builders.unroll_queue`: in-process, or a replay node's table).
-      batch_size: columns (envs) per batch.
-      stop: the program's stop event; a blocked `put` gives up once it is set.
-    """
-
-    def __init__(self, unrolls: UnrollQueue, batch_size: int, stop: StopEvent):
-        self._unrolls = unrolls
-        self._batcher = UnrollBatcher(batch_size)
-        self._stop = stop
-
-    def put(self, chunk: dict[str, np.ndarray]) -> None:
-        """Queues one unroll [T + 1, K, ...]; blocks while the queue is full, until a stop."""
-        # Blocking while the learner is behind bounds policy lag; the stop ends the wait.
-        while not self._stop.is_set():
-            if self._unrolls.put(chunk, timeout_s=0.1):
-                return
-
-    def next_batch(self) -> dict[str, np.ndarray] | None:
-        """The next batch [T + 1, B, ...], or None if the queue ran dry before one was full."""
-        batch = self._batcher.pop()
-        while batch is None:
-            chunk = self._unrolls.get(timeout_s=0.05)
-            if chunk is None:
-                return None
-            self._batcher.add(chunk)
-            batch = self._batcher.pop()
-        return batch
-
-    def size(self) -> int:
-        """Unrolls waiting in the queue (not counting those already in the batcher)."""
-        return self._unrolls.size()
-
-    def close(self) -> None:
-        """Nothing to wait for: each `put` returns once its unroll is in the queue."""
-
-
-class ReplayFeed:
-    """Unrolls into the builder's replay table (`Builder.replay_table`) on the replay node;
-    batches sampled from it.
-
-    Each worker's unroll [T + 1, K, ...] becomes K items, one per env slot, at priority 1
-    until the learner writes its real one back. Items are streamed (`StreamingWriter`): many
-    per round trip, confirmed in the background, in order. The table's rate limiter paces
-    both sides: inference waits while sampling lags behind `samples_per_insert`, the learner
-    while inserts do.
-
-    An insert the rate limiter holds back longer than `insert_timeout_s` fails, and the
-    writer drops what queued behind it; the feed then sends again exactly what did not go in,
-    in the same order, counting the table's inserts to find where the stream broke. That
-    count is exact because this feed is the table's only writer and nothing is in flight once
-    the writer reports the failure.
-
-    Args:
-      replay: a client of the replay node.
-      table: the table's name.
-      batch_size: items per batch.
-      stop: the program's stop event; a blocked `put` gives up once it is set.
-      max_in_flight: inserts queued or being sent at most (back-pressure beyond).
-      insert_timeout_s: how long one insert may wait at the rate limiter before the stream
-        is resent from it; it also bounds how long a stop waits for a held-back insert.
-    """
-
-    def __init__(self, replay: ReplayClient, table: str, batch_size: int, stop: StopEvent,
-                 max_in_flight: int = 256, insert_timeout_s: float = 0.25):
-        self._replay, self._table = replay, table
-        self._batch_size = batch_size
-        self._stop = stop
-        self._insert_timeout_s = insert_timeout_s
-        self._inserts_before = self._num_inserts()
-        self._sent = 0  # Items the writer took, minus those it reported dropped.
-        # Every item the writer may still drop: at most `max_in_flight` are in flight.
-        self._recent: collections.deque[dict[str, np.ndarray]] = collections.deque(
-            maxlen=max_in_flight)
-        self._writer = StreamingWriter(replay, max_in_flight)
-
-    def put(self, chunk: dict[str, np.ndarray]) -> None:
-        """Streams one item per env slot of `chunk` [T + 1, K, ...]; blocks while the rate
-        limiter holds inserts back, until a stop. A stop loses only what the rate limiter
-        holds back: an unroll recorded as the program stops still goes in."""
-        pending = collections.deque(
-            {name: v[:, k] for name, v in chunk.items()}
-            for k in range(next(iter(chunk.values())).shape[1]))
-        while pending:
-            try:
-                self._writer.insert(pending[0], {self._table: 1.0},
-                                    timeout_s=self._insert_timeout_s)
-            except RateLimiterTimeout:
-                if self._stop.is_set():
-                    return  # Stopping: what the rate limiter holds back is given up.
-                # Raised before this item was queued: it goes after the dropped ones.
-                pending.extendleft(reversed(self._take_dropped()))
-                continue
-            self._recent.append(pending.popleft())
-            self._sent += 1
-
-    def _take_dropped(self) -> list[dict[str, np.ndarray]]:
-        """The items the writer dropped after a failed insert, oldest first."""
-        inserted = self._num_inserts() - self._inserts_before
-        dropped = [self._recent.pop() for _ in range(self._sent - inserted)]
-        self._sent = inserted
-        return dropped[::-1]
-
-    def _num_inserts(self) -> int:
-        return int(self._replay.info(self._table)["num_inserts"])
-
-    def close(self) -> None:
-        """Waits until the table has every item sent (those a stop cut short aside)."""
-        try:
-            self._writer.close()
-        except RateLimiterTimeout:
-            if not self._stop.is_set():
-                raise
-            # Stopping: what the rate limiter still held back is given up, as `put` does.
-
-    def next_batch(self) -> dict[str, np.ndarray] | None:
-        """B sampled items, time-major [T + 1, B, ...] (state fields [1, B, ...]), with their
-        keys `REPLAY_KEY` [B] and sampling `REPLAY_PROBABILITY`, `REPLAY_TABLE_SIZE` [1, B];
-        None if the rate limiter admitted no full batch within a short wait."""
-        try:
-            sample = self._replay.sample(self._table, self._batch_size, timeout_s=0.25)
-        except RateLimiterTimeout:
-            return None  # Items taken before the deadline stay in the table.
-        batch = {name: np.swapaxes(v, 0, 1) for name, v in sample.data.items()}
-        batch[REPLAY_KEY] = sample.keys
-        batch[REPLAY_PROBABILITY] = sample.probabilities.astype(np.float32)[None]
-        batch[REPLAY_TABLE_SIZE] = sample.table_size.astype(np.float32)[None]
-        return batch
-
-    def size(self) -> int:
-        """Items in the table."""
-        return int(self._replay.info(self._table)["size"])
+from trellis.reverb_tables import ReplayClient
 
 
 class NonFiniteLossError(RuntimeError):
@@ -335,7 +160,7 @@ class LearnerNode:
         queue_spec = builder.queue_spec()
         self._stop = runtime.stop_event()
         self._feed: UnrollFeed | ReplayFeed = (
-            UnrollFeed(_unroll_queue(queue_spec, config, client), queue_spec.batch_size,
+            UnrollFeed(unroll_queue(queue_spec, config, client), queue_spec.batch_size,
                        self._stop) if table is None
             else ReplayFeed(client, table.name, queue_spec.batch_size, self._stop))
         initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
@@ -476,27 +301,6 @@ class LearnerNode:
         state = self._learner.state
         progress = snapshot.progress()
         self._checkpointer.save(progress["env_steps"], state, progress)
-
-
-def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
-    """Bound of the unroll queue, in per-worker unrolls [T + 1, K]: `max_batches` batches."""
-    chunks_per_batch = math.ceil(queue_spec.batch_size / config.envs_per_actor)
-    return queue_spec.max_batches * chunks_per_batch
-
-
-def agent_table(builder: Builder, spec: EnvSpec) -> TableSpec | None:
-    """The builder's own replay table (`Builder.replay_table`), for items that are one env
-    slot's unroll {field: [T + 1, ...]}; None for most agents."""
-    steps = step_specs(spec, builder.extras_spec(spec), builder.initial_state(spec, 1))
-    return builder.replay_table(unroll_signature(steps, builder.queue_spec().unroll_length))
-
-
-def _unroll_queue(queue_spec: QueueSpec, config: ExperimentConfig,
-                  replay: ReplayClient | None) -> UnrollQueue:
-    """The queue from inference to learner: in-process, or the replay node's table."""
-    if config.unroll_queue == "local":
-        return LocalUnrollQueue(max_unrolls(queue_spec, config))
-    return TableUnrollQueue(replay)
 
 
 class _Interval:

@@ -7,8 +7,9 @@ from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpoints
 from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.builders.experiments.evaluation import Evaluator
+from trellis.builders.experiments.feeds import agent_table, max_unrolls
 from trellis.builders.experiments.inference import step_specs
-from trellis.builders.experiments.learner_node import LearnerNode, agent_table, max_unrolls
+from trellis.builders.experiments.learner_node import LearnerNode
 from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_table_spec
 from trellis.envs.factory import EnvFactory

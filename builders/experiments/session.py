@@ -105,15 +105,15 @@ def check_supported(builder: Builder, platform: str) -> None:
     """Raises UnsupportedError when the agent's capabilities do not cover `platform`."""
     capabilities = builder.capabilities
     name = type(builder).__name__
+    if platform == ANAKIN and capabilities.recurrent:
+        raise UnsupportedError(
+            f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
+            "(use --platform=local_mp for it)")
     if platform == ANAKIN and not capabilities.anakin:
         raise UnsupportedError(
             f"--platform=anakin runs agents whose learning is pure functions of unrolls "
             f"(impala, ppo); {name} learns from {capabilities.learns_from} on the host "
             "(use --platform=local_mp)")
-    if platform == ANAKIN and capabilities.recurrent:
-        raise UnsupportedError(
-            f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
-            "(use --platform=local_mp for it)")
 
 
 class Session:
