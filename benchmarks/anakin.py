@@ -32,6 +32,11 @@ from common import cpu_count, rounded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--seeds=0", "--target=15", "--num_seeds=1", "--population_env_steps=25000",
+               "--steady_env_steps=25000", "--repeats=1", "--no_local_mp"]
+
 
 def run(runs: str, *flags: str) -> dict:
     """One run.py process with its run directory in `runs` (where the runs share the
@@ -92,6 +97,9 @@ def main() -> None:
             runs, "--stop_at_return=none", f"--total_env_steps={args.steady_env_steps}"))
             for i in range(args.repeats)]
         base = statistics.median(r["steady_env_steps_per_s"] for r in steady)
+        if not base:  # Every env step came in the first compiled call: no steady rate.
+            raise SystemExit("anakin.py: no steady rate for (b); give --steady_env_steps "
+                             "more than one compiled call's env steps")
         out["steady"] = {"runs": steady, "median_steady_env_steps_per_s": base}
         population = {}
         for n in (int(x) for x in args.num_seeds.split(",")):

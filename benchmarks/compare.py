@@ -2,7 +2,7 @@
 a mean return of 450, start-up included.
 
 Usage: python benchmarks/compare.py [--task cartpole|memory] [--seeds 1,2,3]
-           [--sb3_seeds 1,2,3] [--target 450] [--sb3_venv DIR]
+           [--sb3_seeds 1,2,3] [--target 450] [--sb3_venv DIR] [--no_sb3]
 
 --task=cartpole (default): `launch/run.py --agent=impala --platform=local_mp
 --stop_at_return=TARGET` (run.py's defaults otherwise) against SB3's A2C with the RL Baselines3
@@ -33,6 +33,7 @@ is printed beside it.
 
 SB3 and PyTorch are never dependencies of Trellis: they go into a throw-away virtual
 environment that this script creates and deletes (or DIR, created once and kept, to rerun).
+--no_sb3 runs ours alone (no network, no PyTorch; no ratios): the smoke run of the test suite.
 Prints one line per run, the medians and their ratios, then one JSON line.
 """
 
@@ -51,6 +52,10 @@ import time
 from common import rounded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--no_sb3", "--seeds=1", "--target=15"]
 SB3_PACKAGES = ["stable-baselines3>=2.3", "sb3-contrib>=2.3"]
 
 # The part both SB3 scripts share: the target and seed from argv, training stopped once the
@@ -200,14 +205,17 @@ def main() -> None:
     p.add_argument("--sb3_venv", default=None,
                    help="keep SB3's environment here (created if missing) instead of a "
                         "temporary one")
+    p.add_argument("--no_sb3", action="store_true",
+                   help="only our runs: no SB3 environment, no ratios")
     args = p.parse_args()
     seeds, sb3_seeds = args.seeds, args.sb3_seeds or args.seeds
     ours, theirs = TASKS[args.task]
-    venv = args.sb3_venv or tempfile.mkdtemp(prefix="trellis-sb3-")
+    theirs = {} if args.no_sb3 else theirs
+    venv = None if args.no_sb3 else args.sb3_venv or tempfile.mkdtemp(prefix="trellis-sb3-")
     results: dict = {"task": args.task, "target": args.target, "seeds": seeds,
                      "sb3_seeds": sb3_seeds}
     try:
-        python = make_sb3_venv(venv)
+        python = make_sb3_venv(venv) if theirs else None
         print(f"{'':<22}{'seed':>5}{'reached':>9}{'wall s':>9}{'run s':>10}{'env steps':>11}"
               f"{'steps/s':>10}{'return':>9}", flush=True)
         runs = [(name, seeds, lambda s, f=flags: trellis_run(f, s, args.target))
@@ -221,8 +229,11 @@ def main() -> None:
                 print_run(name, seed, done[-1])
             results[name] = summarize(done)
     finally:
-        if args.sb3_venv is None:
+        if venv is not None and args.sb3_venv is None:
             shutil.rmtree(venv, ignore_errors=True)
+    if not theirs:
+        print(json.dumps(rounded(results)))
+        return
     (reference,) = theirs
     ref = results[reference]
     results["ratios"] = {name: {

@@ -7,8 +7,8 @@ forced host devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) that sh
 cores, so more of them add no compute there; on a GPU machine JAX uses the accelerators it
 finds (pass `--devices` with counts it has).
 
-Usage: python benchmarks/learner.py [--devices 1,2,4] [--batch_size 32] [--unroll_length 20]
-       [--seconds 5]
+Usage: python benchmarks/learner.py [--devices 1,2,4] [--inputs vector,atari] [--batch_size 32]
+       [--unroll_length 20] [--seconds 5]
 Prints a table, then one JSON object with every figure as the last line. Samples/s counts
 the B * T transitions each update learns from.
 """
@@ -24,6 +24,11 @@ import sys
 import time
 
 from common import rounded
+
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--devices=1", "--inputs=vector", "--seconds=0.2", "--batch_size=2",
+               "--unroll_length=2"]
 
 # Input name -> (observation shape, dtype, actions).
 INPUTS = {
@@ -72,7 +77,7 @@ def measure(input_name: str, num_devices: int, args) -> dict:
 def run_child(num_devices: int, args) -> dict:
     """Runs `measure` for every input in a fresh Python that sees `num_devices` devices."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}")
-    command = [sys.executable, __file__, f"--child={num_devices}",
+    command = [sys.executable, __file__, f"--child={num_devices}", f"--inputs={args.inputs}",
                f"--batch_size={args.batch_size}", f"--unroll_length={args.unroll_length}",
                f"--seconds={args.seconds}"]
     out = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -84,17 +89,22 @@ def run_child(num_devices: int, args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", default="1,2,4", help="device counts, comma-separated")
+    p.add_argument("--inputs", default=",".join(INPUTS),
+                   help=f"observations, comma-separated, of {sorted(INPUTS)}")
     p.add_argument("--batch_size", type=int, default=32, help="B, unrolls per update")
     p.add_argument("--unroll_length", type=int, default=20, help="T")
     p.add_argument("--seconds", type=float, default=5.0, help="timed per input and count")
     p.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    inputs = args.inputs.split(",")
+    if unknown := [name for name in inputs if name not in INPUTS]:
+        p.error(f"unknown --inputs {unknown}; choose from {sorted(INPUTS)}")
     if args.child:
         import jax
 
         if len(jax.devices()) < args.child:
             raise SystemExit(f"asked for {args.child} devices, JAX sees {len(jax.devices())}")
-        result = {name: measure(name, args.child, args) for name in INPUTS}
+        result = {name: measure(name, args.child, args) for name in inputs}
         result["backend"] = jax.default_backend()
         print(json.dumps(result))
         return
@@ -110,7 +120,7 @@ def main() -> None:
           f"backend {results['devices'][str(counts[0])]['backend']}")
     print(f"{'devices':>8}{'input':>8}{'updates/s':>12}{'samples/s':>14}")
     for n in counts:
-        for name in INPUTS:
+        for name in inputs:
             r = results["devices"][str(n)][name]
             print(f"{n:>8}{name:>8}{r['updates_per_s']:>12,.1f}{r['samples_per_s']:>14,.0f}")
     print(json.dumps(rounded(results)))

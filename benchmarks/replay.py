@@ -41,6 +41,12 @@ from trellis.reverb_tables import spec as S
 from trellis.reverb_tables.client import make_client, reverb_available
 from trellis.reverb_tables.node import ReplayClient, ReplayNode, StreamingWriter
 
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--seconds=0.05", "--batch_size=4", "--backends=native",
+               "--modes=in-process,remote,socket,streamed", "--cartpole_max_size=64",
+               "--atari_max_size=8"]
+
 
 def tables(item: str, max_size: int) -> list[S.TableSpec]:
     sig = ITEMS[item]

@@ -26,6 +26,11 @@ from throughput import pipeline
 
 from trellis.envs import EnvFactory
 
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--platforms=local_mt", "--max_workers=1", "--envs_per_actor=4",
+               "--env_steps=2000", "--out=scaling.png"]
+
 
 def measure(factory: EnvFactory, platform_name: str, num_actors: int, args) -> dict:
     """Median env and learner steps/s over `args.repeats` runs, and every run's figures."""

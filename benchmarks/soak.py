@@ -4,11 +4,12 @@ Usage: python benchmarks/soak.py [--minutes 20] [--kill_every 20,60] [--seed 0]
        [-- extra run.py flags]
 
 Starts `launch/run.py --agent=impala --platform=local_mp` with no step budget and no return
-target. Once the first env steps are counted it SIGKILLs a random env worker every 20-60 s
-(uniform) and waits for the launcher to restart it; once a minute it samples every process of
-the program (resident memory, open file descriptors) and the env steps in metrics.jsonl. At the
-end it sends SIGTERM to the launcher (as a user's Ctrl-C or a scheduler would) and checks that
-the program stopped cleanly: exit code 130, summary.json written, no process left behind.
+target. Once the first env steps are counted, for --minutes, it SIGKILLs a random env worker
+every 20-60 s (uniform) and waits for the launcher to restart it; once a minute from the start it
+samples every process of the program (resident memory, open file descriptors) and the env steps
+in metrics.jsonl, and once more at the end. Then it sends SIGTERM to the launcher (as a user's
+Ctrl-C or a scheduler would) and checks that the program stopped cleanly: exit code 130,
+summary.json written, no process left behind.
 
 Prints one line per minute, a table of every process at the first minute and at the end, the
 verdicts, then one JSON line; exits 0 only if every verdict holds. Linux only (reads /proc).
@@ -30,6 +31,10 @@ import time
 from common import rounded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--minutes=0.1", "--kill_every=1,2"]
 ENV_WORKER = "actor/"  # Env workers' node labels: "actor/0", "actor/1", ...
 RSS_TOLERANCE = 0.2  # End RSS within 20% of the RSS after the first minute.
 RESTART_TIMEOUT_S = 60.0
@@ -168,7 +173,9 @@ def soak(minutes: float, kill_every: tuple[float, float], seed: int, extra: list
                                    f"first env steps")
             time.sleep(0.2)
         first_steps_s = time.monotonic() - start
-        end = start + minutes * 60
+        # Timed from the first env steps: a slow start-up (a busy machine) leaves the kills
+        # their time.
+        end = time.monotonic() + minutes * 60
         next_kill = time.monotonic() + rng.uniform(*kill_every)
         next_sample = start + 60
         last = (start, 0)
@@ -230,7 +237,8 @@ def verdicts(result: dict) -> dict[str, bool]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=20.0)
+    p.add_argument("--minutes", type=float, default=20.0,
+                   help="how long env workers are killed, from the first env steps")
     p.add_argument("--kill_every", default="20,60", help="MIN,MAX seconds between kills")
     p.add_argument("--seed", type=int, default=0)
     args, extra = p.parse_known_args()

@@ -29,6 +29,11 @@ from trellis.builders.experiments.program import make_program
 from trellis.envs import EnvFactory
 from trellis.launch import runtime
 
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--platforms=local_mt", "--transports=shm", "--num_actors=1",
+               "--envs_per_actor=4", "--env_steps=2000", "--env_seconds=0.2"]
+
 
 def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) -> float:
     """Steps/s of one vector env with random actions (what one env worker can do at best)."""

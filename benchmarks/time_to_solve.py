@@ -20,6 +20,11 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
+# its main path on a budget of seconds.
+SMOKE_FLAGS = ["--platforms=local_mt", "--seeds=1", "--target=15", "--", "--return_window=10",
+               "--total_env_steps=5000"]
+
 MEMORY_ENV = "CartPoleNoVel-v1"
 # The agents of the memory benchmark (docs/benchmarks.md) and their run.py flags. The
 # feed-forward IMPALA is the baseline that cannot solve it: its env-step budget ends its runs.
