@@ -9,6 +9,9 @@ import time
 
 import pytest
 
+from trellis.builders.experiments import checkpointing, evaluation
+from trellis.launch import evaluate
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
 RANDOM_CARTPOLE_RETURN = 22.0  # Mean return of a uniform random policy on CartPole-v1.
@@ -21,7 +24,7 @@ def _checkpoints(run_dir):
     return sorted(int(d) for d in os.listdir(path) if d.isdigit())
 
 
-def _train_then_kill(run_dir, min_env_steps, timeout_s=90, flags=()):
+def _train_then_kill(run_dir, min_env_steps, timeout_s=180, flags=()):
     """Trains on local_mp until a checkpoint past `min_env_steps` exists, then SIGKILLs it all.
 
     The whole process group gets SIGKILL at once, as when a machine dies: nothing can write
@@ -50,16 +53,29 @@ def _train_then_kill(run_dir, min_env_steps, timeout_s=90, flags=()):
 
 
 def test_sigkill_then_resume_continues_counters_metrics_and_returns(tmp_path):
+    """Killed at whatever checkpoint the run had reached, resumed: everything goes on from that
+    checkpoint. Checked against the checkpoint itself, never against how well the policy had
+    learned by then: IMPALA's CartPole curve is not monotone, and where the kill lands depends
+    on the machine's speed (issue 20: the restored greedy policy once returned 16.6, the test
+    wanted > 88)."""
     run_dir = str(tmp_path / "run")
     _train_then_kill(run_dir, min_env_steps=60_000)
     killed_at = _checkpoints(run_dir)[-1]
     before = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    # What the resumed run must start from (read now: its new checkpoints replace this one).
+    step, progress = checkpointing.latest_checkpoint(run_dir)
+    assert step == killed_at and progress["env_steps"] == killed_at
+    seed = json.load(open(os.path.join(run_dir, "config.json")))["experiment"]["seed"]
+    # The checkpoint's greedy policy on the evaluator's envs (deterministic: same start states).
+    offline = evaluate.evaluate(evaluate.parse_args(
+        [run_dir, f"--step={killed_at}", "--episodes=5",
+         f"--seed={evaluation.evaluation_seed(seed)}"]))
 
     out = subprocess.run(
         RUN + [f"--resume={run_dir}", "--platform=local_mt",
                f"--total_env_steps={killed_at + 40_000}", "--eval_every=100000",
                "--eval_episodes=5"],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     assert summary["resumed_from_env_steps"] == killed_at
@@ -74,16 +90,26 @@ def test_sigkill_then_resume_continues_counters_metrics_and_returns(tmp_path):
     # Records past the checkpoint (lost with the kill) were dropped; the rest kept as written.
     assert old == [r for r in before if r["env_steps"] <= killed_at]
     assert new[0]["env_steps"] >= killed_at and new[-1]["env_steps"] >= killed_at + 40_000
-    # Counters continue from the checkpoint, not from 0.
-    assert new[0]["learner_steps"] >= old[-1]["learner_steps"] > 0
-    assert new[0]["episodes"] >= old[-1]["episodes"] > 0
-    assert new[0]["wall_time_s"] >= old[-1]["wall_time_s"]
-    # The first evaluation after resuming runs the restored policy: far above random.
+    # Counters continue from the checkpoint's, not from 0.
+    assert new[0]["learner_steps"] >= progress["learner_steps"] > 0
+    assert new[0]["episodes"] >= progress["episodes"] > 0
+    assert new[0]["wall_time_s"] >= round(progress["elapsed_s"], 3) > 0
+    # The first evaluation after resuming runs the restored policy: the checkpoint's returns.
+    # (It runs at once; the learner's first update needs a batch and a compile, seconds later.)
     first_eval = next(r for r in new if "eval_return_mean" in r)
     assert first_eval["eval_env_steps"] >= killed_at
-    assert first_eval["eval_return_mean"] > 4 * RANDOM_CARTPOLE_RETURN, first_eval
-    # The training return does not fall back to random either (the window was restored).
-    assert new[0]["return_mean"] > 2 * RANDOM_CARTPOLE_RETURN, new[0]
+    assert (first_eval["eval_return_mean"], first_eval["eval_return_min"],
+            first_eval["eval_return_max"]) == (
+        offline["return_mean"], offline["return_min"], offline["return_max"]), offline
+    # The return window goes on from the checkpoint's: its returns that no newer episode has
+    # pushed out are still in it (all of it, and so its mean, while no new episode ended).
+    window = json.load(open(os.path.join(run_dir, "config.json")))["experiment"]["return_window"]
+    fresh = new[0]["episodes"] - progress["episodes"]
+    kept = progress["returns"][max(0, len(progress["returns"]) + fresh - window):]
+    if kept:
+        assert new[0]["return_max"] >= max(kept) and new[0]["return_min"] <= min(kept), new[0]
+    if fresh == 0:
+        assert new[0]["return_mean"] == pytest.approx(sum(kept) / len(kept)), new[0]
 
     config = json.load(open(os.path.join(run_dir, "config.json")))
     sessions = config["run"]["sessions"]

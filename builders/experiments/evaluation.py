@@ -56,6 +56,13 @@ def run_episodes(
     return [float(r) for r in returns]
 
 
+def evaluation_seed(seed: int) -> int:
+    """The evaluator's seed (its envs' resets, its key) in a run of root seed `seed`: apart from
+    every env worker's. `launch/evaluate.py --seed` with it replays the run's evaluations of a
+    greedy (deterministic) policy."""
+    return seed * 10_007 + 9_973
+
+
 def summarize(returns: list[float]) -> dict[str, float]:
     """Mean, min and max of evaluation returns."""
     return {
@@ -94,7 +101,7 @@ class Evaluator:
         policy = jax.jit(self._builder.make_policy(self._builder.make_networks(spec),
                                                    evaluation=True))
         initial_state = self._builder.initial_state(spec, config.eval_episodes)
-        seed = config.seed * 10_007 + 9_973  # Apart from every env worker's seeds.
+        seed = evaluation_seed(config.seed)
         envs = self._factory.make_vector(config.eval_episodes, seed=seed)
         key = jax.random.PRNGKey(seed)
         stop = runtime.stop_event()
