@@ -1,8 +1,8 @@
 """Command-line settings generated from the config dataclasses (docs/configuration.md).
 
 One flat namespace of `--field_name=value` flags: the command line's own options
-(`RunOptions`), the experiment's (`builders.config.ExperimentConfig`) and the chosen agent's
-config (`--agent=X`). Every field is a flag, with its declared default, one-line help and
+(`RunOptions`), the experiment's (`builders.contract.config.ExperimentConfig`) and the chosen
+agent's config (`--agent=X`). Every field is a flag, with its declared default, one-line help and
 bounds; no flag is written by hand. A settings file (`--config=FILE`, JSON or YAML; a run
 directory's config.json too) sets any of them and flags override it; `--resume=RUN_DIR`
 starts from the run's saved settings instead. Bad input raises `UsageError`, one line naming

@@ -37,7 +37,7 @@ from trellis.reverb_tables import tree
 @dataclasses.dataclass(frozen=True)
 class ArraySpec:
     """Shape and dtype of one array: a leaf of a table's signature, and (re-exported by the
-    agent contract, `builders.base`) a field that inference records per step.
+    agent contract, `builders.contract.agent`) a field that inference records per step.
 
     Attributes:
         shape: tuple of non-negative ints (no unknown dimensions: storage is preallocated).

@@ -2,7 +2,7 @@
 update with value rescaling -> new priorities written back to the table.
 
 The learner node feeds it batches sampled from the builder's replay table on the replay node
-(`builders.base.Builder.replay_table`); as in Acme's R2D2 learner, the learner writes the
+(`builders.contract.agent.Builder.replay_table`); as in Acme's R2D2 learner, the learner writes the
 priorities back itself through the replay client it was given.
 """
 

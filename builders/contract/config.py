@@ -271,7 +271,8 @@ class ExperimentConfig(Config):
     replay_backend: str = setting(
         "native", "replay tables' backend (reverb needs dm-reverb installed)",
         choices=REPLAY_BACKENDS)
-    # Checkpoints of the learner state and counters (where: `builders.checkpointing.Checkpoints`).
+    # Checkpoints of the learner state and counters (where: `checkpointing.Checkpoints` of
+    # builders/experiments/).
     checkpoint_every_s: float = setting(
         60.0, "seconds between learner checkpoints (one is also written at stop)", gt=0)
     keep_checkpoints: int = setting(3, "newest checkpoints kept", ge=1)

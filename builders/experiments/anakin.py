@@ -4,9 +4,10 @@ Podracer's "Anakin" architecture (Hessel et al., 2021): the envs (gymnax, envs/j
 are vmapped over the batch and scanned over the unroll inside the same compiled program as
 the agent's policy and update, so no env step waits on Python. The agent's pieces are reused
 unchanged: its networks and policy (`builder.make_policy`), its pure `update(state, batch)`
-and `init(key)` (what its `DataParallelLearner` jits), on the same time-major unrolls
-{field: [T + 1, B, ...]} that the inference server records (`builders.inference.step_specs`):
-the last step of an unroll is the first of the next, and one update takes T * B env steps.
+and `init(key)` (`Builder.make_training`, which its `DataParallelLearner` also jits), on the
+same time-major unrolls {field: [T + 1, B, ...]} that the inference server records
+(`inference.step_specs`): the last step of an unroll is the first of the next, and one update
+takes T * B env steps.
 
 A population (`num_seeds` = M members) is the member step vmapped over M: each member has its
 own params, optimizer state, envs, RNG and hyper-parameters (`set_hparams`: the learning rate

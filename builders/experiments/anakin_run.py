@@ -138,7 +138,7 @@ def restore_member(builder: Any, env_factory: Any, config: Any, num_seeds: int, 
       (the run's anakin functions, the member's params, the checkpoint's step, its progress).
 
     Raises:
-      builders.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
       AnakinError: see `make_anakin`; or no such member.
     """
     if not 0 <= member < num_seeds:
@@ -297,7 +297,7 @@ class AnakinRun:
 
 
 def describe_exploit(event: Mapping[str, Any]) -> str:
-    """One line for an exploit (`builders.anakin.exploits`): who copied whom, and the
+    """One line for an exploit (`builders.experiments.anakin.exploits`): who copied whom, and the
     hyper-parameters before and after."""
     changes = ", ".join(f"{name} {event['before'][name]:.3g} -> {after:.3g} (donor's "
                         f"{event['donor_hparams'][name]:.3g})"

@@ -2,13 +2,13 @@
 
 Acme's `build_counter` is the idea: counting is its own small piece, shared by whoever counts
 (the env workers' step RPCs and the learner thread both update one `Counter`), read by whoever
-decides or reports (the stop rule in `builders.stop`, `stats()`, the checkpointer).
+decides or reports (the stop rule in `builders.experiments.stop`, `stats()`, the checkpointer).
 
 A `Counter` is thread-safe; `snapshot()` gives an immutable `CounterSnapshot`, from which the
 stop rule decides and the reports are computed, so a decision never sees half an update.
 Its checkpointable form, `CounterSnapshot.progress()`, is the `progress` dict that
-`builders.checkpointing` saves beside the learner state; `Counter.restore` continues from it, so
-a resumed run goes on counting (and timing) where the checkpoint left off.
+`checkpointing` saves beside the learner state; `Counter.restore` continues from it, so a
+resumed run goes on counting (and timing) where the checkpoint left off.
 
 No JAX here (numpy only): the counter and the stop rule are tested without an accelerator.
 """

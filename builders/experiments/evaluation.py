@@ -29,7 +29,7 @@ def run_episodes(
 
     Args:
       policy: jitted `policy(params, key, obs[N], state, first[N]) -> (actions[N], extras,
-        state)` (`builders.base.Policy`).
+        state)` (`builders.contract.agent.Policy`).
       params: the policy's params.
       envs: a Gymnasium vector env of `num_episodes` envs with next-step autoreset (after an
         env's episode ends it is ignored, so each env contributes exactly one episode).
