@@ -298,8 +298,10 @@ class InferenceServer:
         # Not a daemon: the interpreter joins it at exit (it ends once `stop` is set). A daemon
         # thread still inside a JAX call when the interpreter finalizes is unwound by
         # pthread_exit through XLA's C++ frames, which aborts the process with "terminate
-        # called after throwing an instance of '' / FATAL: exception not rethrown".
-        self._thread = threading.Thread(target=self._serve, name="inference")
+        # called after throwing an instance of '' / FATAL: exception not rethrown". Said
+        # explicitly: a thread inherits daemon from the thread that creates it, and local_mt
+        # constructs its nodes in daemon threads.
+        self._thread = threading.Thread(target=self._serve, name="inference", daemon=False)
         self.batches = 0
         self.steps = 0
 

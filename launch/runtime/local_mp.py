@@ -14,8 +14,10 @@ old process is gone first, so its port is free again).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -258,7 +260,28 @@ def child_main(
     context = NodeContext(label, stop_event, report, restarts)
     ok = program_lib.execute_in_process(payload, context, address)
     writer.close()
-    sys.exit(0 if ok else 1)
+    code = 0 if ok else 1
+    # The orderly part of Python's exit still runs (multiprocessing runs its finalizers, joins
+    # the non-daemon threads, such as the inference server's, and flushes stdio); registered
+    # last, `_end_process` is the first exit handler and ends the process before the
+    # interpreter finalizes, so the handlers registered before it (JAX's backend teardown
+    # among them) do not run. Finalizing is what aborted node processes with "terminate
+    # called after throwing an instance of '' / FATAL: exception not rethrown" (issue 20): a
+    # daemon thread still inside native code (an RPC call in a jitted function past
+    # `TcpServer.close`'s bound, a library's thread) is unwound by pthread_exit as it takes
+    # the GIL back, through C++ frames that catch it (tests/test_native_abort.py forces both).
+    # os._exit ends every thread at once, without unwinding, and runs no C++ static destructor
+    # under XLA's threads either.
+    atexit.register(_end_process, code)
+    sys.exit(code)
+
+
+def _end_process(code: int) -> None:
+    logging.shutdown()  # Flushes log handlers: logging's own exit handler is skipped.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # A closed or broken stream has nothing to flush.
+            stream.flush()
+    os._exit(code)
 
 
 def _name_process(label: str) -> None:
