@@ -224,14 +224,19 @@ def test_groups_land_on_the_nodes_with_their_resources(mark):
 
 
 def test_impala_learns_on_ray_and_exits_0(tmp_path, mark):
+    """Learning is reaching a return target within an env-step budget, not a return at a fixed
+    step: where IMPALA's CartPole curve stands at one step varies from run to run (at 80,000
+    steps: 110 to 250 in eleven runs). Most runs stop near 40,000 steps (issue 20: the test
+    once ran past its timeout under load)."""
+    target = 4 * RANDOM_CARTPOLE_RETURN
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, "launch", "run.py"), "--platform=ray",
-         "--total_env_steps=80000", "--stop_at_return=none", "--eval_every=0",
+         "--total_env_steps=200000", f"--stop_at_return={target}", "--eval_every=0",
          f"--logdir={tmp_path}"],
         capture_output=True, text=True, timeout=240, cwd=REPO)
     assert out.returncode == 0, out.stderr[-4000:]
     with open(tmp_path / "summary.json") as f:
         s = json.load(f)
-    assert s["platform"] == "ray" and s["stopped_by"] == "budget"
-    assert s["mean_return"] > 4 * RANDOM_CARTPOLE_RETURN, s
+    assert s["platform"] == "ray" and s["stopped_by"] == "return_target", s
+    assert s["mean_return"] >= target and s["env_steps"] < 200_000, s
     _assert_no_ray_processes(mark)

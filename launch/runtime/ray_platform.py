@@ -45,6 +45,11 @@ _EXIT_TIMEOUT_S = 10.0  # How long killed actor processes on this host get to ex
 # How long nodes may wait for Ray to find them room (machines an autoscaler adds meanwhile count).
 _PLACE_TIMEOUT_S = 300.0
 _PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+# A local instance of our own starts no idle workers: by default its raylet starts one per CPU,
+# and ray.init waits for them, yet none can host a node (their runtime_env lacks the nodes' env
+# vars, `_actor_env_vars`). On a busy 2-core machine they cost about 2 s of ray.init and more
+# of the nodes' start (issue 20: a Ray test ran past 240 s under load).
+_LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
 class _NodeActor:
@@ -135,7 +140,8 @@ class Backend:
                 num_cpus = max(os.cpu_count() or 1, int(asked + 0.999))
             # "local", not None: None would join whatever cluster `ray start` last ran here.
             ray.init(address=self._address or "local", num_cpus=num_cpus,
-                     include_dashboard=False, log_to_driver=True, configure_logging=False)
+                     include_dashboard=False, log_to_driver=True, configure_logging=False,
+                     **({"_system_config": _LOCAL_SYSTEM_CONFIG} if self._address is None else {}))
             self._started_ray = self._address is None
         # (Ray's annotations of `remote` leave out the actor option max_concurrency.)
         self._remote_class = ray.remote(  # type: ignore[call-overload]
