@@ -12,7 +12,7 @@ from trellis.reverb_tables.errors import (
     TableClosedError,
     UnknownTableError,
 )
-from trellis.reverb_tables.native import NativeClient, Table
+from trellis.reverb_tables.native import NativeClient
 from trellis.reverb_tables.node import ReplayClient, ReplayNode, StreamingWriter
 from trellis.reverb_tables.spec import (
     ArraySpec,
@@ -31,6 +31,7 @@ from trellis.reverb_tables.spec import (
     TableSpec,
     Uniform,
 )
+from trellis.reverb_tables.table import Table
 from trellis.reverb_tables.types import SampleBatch
 
 __all__ = [

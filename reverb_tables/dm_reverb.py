@@ -28,12 +28,12 @@ import numpy as np
 
 from trellis.reverb_tables import spec as spec_lib
 from trellis.reverb_tables import tree as tree_lib
+from trellis.reverb_tables.checks import DataChecker, check_priority, check_timeout
 from trellis.reverb_tables.errors import (
     RateLimiterTimeout,
     TableClosedError,
     UnknownTableError,
 )
-from trellis.reverb_tables.native import DataChecker, check_priority, check_timeout
 from trellis.reverb_tables.types import SampleBatch
 
 _POLL_S = 0.002

@@ -93,10 +93,11 @@ def test_deterministic_indices_match_brute_force(selector):
 def test_signature_storage_is_preallocated():
     sig = {"obs": rt.ArraySpec((4, 2), np.uint8), "r": rt.ArraySpec((), np.float32)}
     table = rt.Table(rt.TableSpec("t", rt.Uniform(), rt.Fifo(), 16, rt.MinSize(1), signature=sig))
-    storage = [leaf.shape for leaf in table._leaves]
+    storage = [leaf.shape for leaf in table._store.leaves]
     assert storage == [(17, 4, 2), (17,)]  # max_size + 1: an insert precedes its eviction
     key = table.insert({"obs": np.ones((4, 2), np.uint8), "r": np.float32(2)}, 1.0)
-    assert [leaf.shape for leaf in table._leaves] == storage  # written into a slot, not appended
+    # Written into a slot, not appended.
+    assert [leaf.shape for leaf in table._store.leaves] == storage
     assert table.sample(1).keys.tolist() == [key]
 
 
