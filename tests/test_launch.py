@@ -106,7 +106,7 @@ def test_remote_errors_and_bad_methods(platform):
         assert "raise ValueError(message)" in info.value.remote_traceback
         with pytest.raises(runtime.RemoteError, match="bad value"):
             client.futures.fail("bad value").result(timeout=30)
-        with pytest.raises(AttributeError, match="no RPC method 'nope'.*echo, fail"):
+        with pytest.raises(AttributeError, match="no RPC method 'nope'.*echo, environ, fail"):
             client.nope()
         with pytest.raises(AttributeError, match="private"):
             client._secret()

@@ -219,7 +219,8 @@ class InferenceServer:
 
     Args:
       policy: `policy(params, key, obs[N], state, first[N]) -> (actions[N], extras,
-        new_state)` (`builders.base.Policy`); jitted here, with the state's gather and scatter.
+        new_state)` (`builders.contract.agent.Policy`); jitted here, with the state's gather
+        and scatter.
       params: initial params (replace with `set_params`; read by reference, no copy).
       key: RNG key; each batch's is this key folded with the batch count.
       specs: recorded fields (see `step_specs`).

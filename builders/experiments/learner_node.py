@@ -1,7 +1,7 @@
 """The learner node: the learner and the inference server in one process, sharing the params.
 
 SEED RL's learner is the model: env workers send observations to this node's inference server
-(`builders.inference`), which batches them on the accelerator and turns what it saw into
+(`inference`), which batches them on the accelerator and turns what it saw into
 unrolls; the learner loop here takes them in batches, updates, and hands the new params back
 to inference in the same process, with no copy through the network.
 
