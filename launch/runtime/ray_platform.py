@@ -141,7 +141,7 @@ class Backend:
             # "local", not None: None would join whatever cluster `ray start` last ran here.
             ray.init(address=self._address or "local", num_cpus=num_cpus,
                      include_dashboard=False, log_to_driver=True, configure_logging=False,
-                     **({"_system_config": _LOCAL_SYSTEM_CONFIG} if self._address is None else {}))
+                     _system_config=_LOCAL_SYSTEM_CONFIG if self._address is None else None)
             self._started_ray = self._address is None
         # (Ray's annotations of `remote` leave out the actor option max_concurrency.)
         self._remote_class = ray.remote(  # type: ignore[call-overload]
