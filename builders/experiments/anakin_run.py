@@ -233,7 +233,7 @@ class AnakinRun:
         self._metrics: Mapping[str, Any] = {}
         self._exploits = 0
         self._steady: tuple[float, int] | None = None  # (time, env steps) after compiling.
-        self._last: tuple[Report, list[Any]] | None = None
+        self._last: tuple[Report, list[Any], float] | None = None  # And when it came.
 
     def _snapshots(self) -> list[Any]:
         """Every member's counters (waits for the compiled call: they are on the device)."""
@@ -253,7 +253,7 @@ class AnakinRun:
             snapshots[0].env_steps - steady_steps, time.monotonic() - steady_time,
             self._population.num_members))
         report = Report(stats, fields, stopped_by, record_now=bool(exploits))
-        self._last = (report, snapshots)
+        self._last = (report, snapshots, time.monotonic())
         return report
 
     def advance(self, timeout_s: float) -> Report:
@@ -277,15 +277,16 @@ class AnakinRun:
 
     def finish(self) -> Ending:
         assert self._last is not None
-        report, snapshots = self._last
+        report, snapshots, stopped = self._last
         _save(self._checkpoints(), self._population, snapshots[0])
         self._checkpoints().close()
         config, members = self._config, self._population.num_members
-        steady_time, steady_steps = self._steady or (time.monotonic(), snapshots[0].env_steps)
+        steady_time, steady_steps = self._steady or (stopped, snapshots[0].env_steps)
         fields = {
-            # After the first call (compiled): learning's steady rate, all members.
+            # After the first call (compiled) until the stop, the final checkpoint not
+            # included: learning's steady rate, all members.
             "steady_env_steps_per_s": _rate(snapshots[0].env_steps - steady_steps,
-                                            time.monotonic() - steady_time, members),
+                                            stopped - steady_time, members),
             "num_seeds": members,
             "solved_fraction": _solved_fraction(snapshots, config),
             # This session's exploits (None without --pbt); metrics.jsonl lists them.

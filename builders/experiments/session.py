@@ -18,6 +18,7 @@ into processes).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
@@ -139,7 +140,11 @@ class Session:
         self._elapsed_before = float((resume_progress or {}).get("elapsed_s", 0.0))
         self._extra = dict(extra_metrics or {})
         self._on_stats = on_stats
-        self._writer: RunWriter | None = None
+        # tensorboardX takes a second to import: the writer is made beside the platform's
+        # start-up (compiling, spawning nodes), not inside the first record.
+        self._opening = concurrent.futures.ThreadPoolExecutor(1, "run-writer")
+        self._writer = self._opening.submit(RunWriter, run_dir, self._resume_steps)
+        self._opening.shutdown(wait=False)
         self._recorded_steps = -1
         self._signalled = threading.Event()
 
@@ -174,8 +179,7 @@ class Session:
             progress.close()
         stopped = time.monotonic()
         ending = execution.finish()
-        if self._writer is not None:
-            self._writer.close()
+        self._writer.result().close()
         return self._summary(last, ending, stopped - ending.started, agent, platform, env)
 
     def _advanced(self, report: Report) -> bool:
@@ -186,10 +190,8 @@ class Session:
 
     def _record(self, report: Report) -> bool:
         """Writes `report` into the run directory; whether `on_stats` asks to stop."""
-        if self._writer is None:  # tensorboardX takes a second to import: at first use.
-            self._writer = RunWriter(self._run_dir, self._resume_steps)
         stats = dict(report.stats)
-        self._writer.log(stats, {**self._extra, **report.fields})
+        self._writer.result().log(stats, {**self._extra, **report.fields})
         self._recorded_steps = max(self._recorded_steps, int(stats.get("env_steps", 0)))
         return self._on_stats is not None and bool(self._on_stats(stats))
 
