@@ -172,12 +172,13 @@ def soak(minutes: float, kill_every: tuple[float, float], seed: int, extra: list
                 raise RuntimeError(f"run.py exited with code {proc.returncode} before its "
                                    f"first env steps")
             time.sleep(0.2)
-        first_steps_s = time.monotonic() - start
+        began = time.monotonic()
+        first_steps_s = began - start
         # Timed from the first env steps: a slow start-up (a busy machine) leaves the kills
-        # their time.
-        end = time.monotonic() + minutes * 60
-        next_kill = time.monotonic() + rng.uniform(*kill_every)
-        next_sample = start + 60
+        # their time, and the samples fall each minute of the soak and at its end.
+        end = began + minutes * 60
+        next_kill = began + rng.uniform(*kill_every)
+        next_sample = began + 60
         last = (start, 0)
         while True:
             if proc.poll() is not None:
