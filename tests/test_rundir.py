@@ -161,3 +161,18 @@ def test_corrupt_checkpoint_is_one_clear_error(run_dir, tmp_path, tool):
     flag = f"--resume={broken}" if tool == "run.py" else str(broken)
     out = script(tool, [flag], timeout=60)
     _one_line_error(out, str(ckpt / latest))
+
+
+def test_a_short_run_draws_its_learning_curve_from_many_points(tmp_path):
+    """Points every 5% of env-step growth, besides one per --log_every_s (issue 20: a
+    7-second run drew 5 points, one per second). The log interval is set far beyond the run,
+    so every point but the last comes from env-step growth."""
+    out = script("run.py", ["--platform=local_mt", "--total_env_steps=60000",
+                            "--stop_at_return=none", "--eval_every=0", "--log_every_s=600",
+                            f"--logdir={tmp_path}", "--quiet"])
+    assert out.returncode == 0, out.stderr
+    steps = [json.loads(line)["env_steps"]
+             for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
+    assert len(steps) >= 10, steps
+    assert steps == sorted(set(steps))  # One point per env-step count, in order.
+    assert all(b >= 1.05 * a for a, b in zip(steps[:-2], steps[1:-1], strict=True)), steps

@@ -61,9 +61,10 @@ from trellis.builders.experiments.rundir import (
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.factory import EnvFactory
 
-# How long the session waits for a report at most: it records a point of the learning curve
-# every 1% of the budget (`Session._advanced`) besides every `log_every_s`.
+# How long the session waits for a report at most, and by what factor env steps grow between
+# the points of the learning curve recorded beside one every `log_every_s` (`Session._advanced`).
 POLL_S = 0.1
+GROWTH = 1.05
 
 
 class UnsupportedError(ValueError):
@@ -183,10 +184,11 @@ class Session:
         return self._summary(last, ending, stopped - ending.started, agent, platform, env)
 
     def _advanced(self, report: Report) -> bool:
-        """Whether env steps advanced by 1% of the budget since the last record: a run of a
-        few seconds still draws its learning curve from dozens of points."""
-        step = max(1, self._config.total_env_steps // 100)
-        return int(report.stats.get("env_steps", 0)) - self._recorded_steps >= step
+        """Whether env steps grew by 5% since the last record: points evenly spaced on a log
+        scale of env steps, so a run of a few seconds still draws its learning curve from
+        dozens of points, and a long one adds a few hundred beside one every `log_every_s`."""
+        steps = int(report.stats.get("env_steps", 0))
+        return steps > 0 and steps >= GROWTH * self._recorded_steps
 
     def _record(self, report: Report) -> bool:
         """Writes `report` into the run directory; whether `on_stats` asks to stop."""
