@@ -22,7 +22,7 @@ class Report:
       fields: more fields for this metrics record (a population's per-member returns and
         hyper-parameters, PBT's exploits).
       stopped_by: set on the platform's last report: why it stopped (`stop.BUDGET`,
-        `stop.RETURN_TARGET`, `stop.SIGNAL` or `stop.ERROR`).
+        `stop.RETURN_TARGET`, `stop.SIGNAL`, or the runtime's "error" and "completed").
       record_now: written to the run directory now, not at the next log interval.
     """
 

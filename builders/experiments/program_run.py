@@ -18,7 +18,7 @@ from trellis.builders.experiments.checkpointing import Checkpoints, checkpoint_d
 from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import HostPlatform
 from trellis.builders.experiments.program import make_program
-from trellis.builders.experiments.stop import ERROR, SIGNAL, StopRule
+from trellis.builders.experiments.stop import StopRule
 from trellis.envs.factory import EnvFactory
 from trellis.launch import runtime
 
@@ -47,8 +47,7 @@ class ProgramRun:
         self._pending: Any = None  # The stats() call in flight.
         self._stats: dict[str, Any] = {}
         self._result: runtime.LaunchResult | None = None
-        self._launched_at = time.time()
-        self._started = time.monotonic()
+        self._launched_at = self._started = 0.0  # Set at the launch, in the first advance.
 
     def advance(self, timeout_s: float) -> Report | None:
         if self._running is None:
@@ -81,7 +80,7 @@ class ProgramRun:
         if result.stopped_by == "requested":  # By the stop rule, with the final counters.
             self._stats = dict(result.info)
             return Report(self._stats, stopped_by=result.reason)
-        return Report(self._stats, stopped_by=ERROR if result.stopped_by == "error" else SIGNAL)
+        return Report(self._stats, stopped_by=result.stopped_by)  # "error", "signal", ...
 
     def finish(self) -> Ending:
         assert self._running is not None and self._result is not None

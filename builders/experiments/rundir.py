@@ -165,6 +165,11 @@ class RunWriter:
         purge = None if resume_env_steps is None else resume_env_steps + 1
         self._tb = SummaryWriter(run_dir, purge_step=purge, flush_secs=10)
 
+    @property
+    def env_steps(self) -> int:
+        """The env steps of the newest record (-1 before any)."""
+        return self._last_env_steps
+
     def log(self, stats: dict[str, Any], extra: dict[str, Any] | None = None) -> bool:
         """Writes a record for `stats` if the env steps advanced; returns whether it did.
 

@@ -60,6 +60,7 @@ from trellis.builders.experiments.rundir import (
 )
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.factory import EnvFactory
+from trellis.launch.runtime.launcher import STOP_SIGNALS
 
 # How long the session waits for a report at most, and by what factor env steps grow between
 # the points of the learning curve recorded beside one every `log_every_s` (`Session._advanced`).
@@ -146,7 +147,6 @@ class Session:
         self._opening = concurrent.futures.ThreadPoolExecutor(1, "run-writer")
         self._writer = self._opening.submit(RunWriter, run_dir, self._resume_steps)
         self._opening.shutdown(wait=False)
-        self._recorded_steps = -1
         self._signalled = threading.Event()
 
     def run(self, execution: Execution, *, agent: str, platform: str, env: str) -> Summary:
@@ -188,18 +188,18 @@ class Session:
         scale of env steps, so a run of a few seconds still draws its learning curve from
         dozens of points, and a long one adds a few hundred beside one every `log_every_s`."""
         steps = int(report.stats.get("env_steps", 0))
-        return steps > 0 and steps >= GROWTH * self._recorded_steps
+        return steps > 0 and steps >= GROWTH * self._writer.result().env_steps
 
     def _record(self, report: Report) -> bool:
         """Writes `report` into the run directory; whether `on_stats` asks to stop."""
         stats = dict(report.stats)
         self._writer.result().log(stats, {**self._extra, **report.fields})
-        self._recorded_steps = max(self._recorded_steps, int(stats.get("env_steps", 0)))
         return self._on_stats is not None and bool(self._on_stats(stats))
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        """Ctrl-C, SIGTERM and SIGQUIT only set a flag that the loop reads between advances:
+        """The runtime's stop signals (Ctrl-C, SIGTERM, SIGQUIT) only set a flag that the loop
+        reads between advances (`runtime.RunningProgram.wait` stops the program on them itself):
         an exception raised at an arbitrary point could leave JAX, orbax or tensorboardX
         holding a lock that the final checkpoint then waits on. A second Ctrl-C interrupts."""
         if threading.current_thread() is not threading.main_thread():
@@ -210,8 +210,7 @@ class Session:
             self._signalled.set()
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
-        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
-        previous = {s: signal.signal(s, on_signal) for s in signals}
+        previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             yield
         finally:

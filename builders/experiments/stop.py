@@ -23,7 +23,6 @@ from trellis.builders.experiments.counter import CounterSnapshot
 BUDGET = "budget"
 RETURN_TARGET = "return_target"
 SIGNAL = "signal"  # Ctrl-C, SIGTERM, SIGQUIT, or the caller's `on_stats` (e.g. Ray Tune).
-ERROR = "error"  # A node failed; the summary's `error` says which and why.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -246,13 +246,13 @@ class Program:
     """A graph of nodes in labelled groups.
 
     Example:
-      program = launch.Program("impala")
+      program = runtime.Program("impala")
       with program.group("learner"):
-          learner = program.add_node(launch.CourierNode(Learner, config))
+          learner = program.add_node(runtime.CourierNode(Learner, config))
       with program.group("actor"):
           for i in range(4):
-              program.add_node(launch.CourierNode(Actor, learner, i))
-      launch.launch(program, platform="local_mp")
+              program.add_node(runtime.CourierNode(Actor, learner, i))
+      runtime.launch(program, platform="local_mp")
 
     A node's label is its group's label when the group holds one node, else "group/index".
 
