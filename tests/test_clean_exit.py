@@ -100,7 +100,10 @@ class Run:
     def poll_until(self, condition, what: str) -> None:
         """Watches the process tree until `condition()` holds; fails at the deadline."""
         while not condition():
-            assert self.process.poll() is None, f"run.py exited before {what}"
+            if self.process.poll() is not None:
+                # It may have exited just after `condition()` was read: read it once more.
+                assert condition(), f"run.py exited before {what}"
+                return
             assert time.monotonic() < self._deadline, f"timed out waiting for {what}"
             self.watch()
             time.sleep(0.05)
