@@ -16,26 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from trellis.agents.common import MLPTorso, diagonal_gaussian_log_prob
+from trellis.agents.common.continuous import Bounds, Critics, continuous_action_dim
 from trellis.envs.specs import EnvSpec
 
 
 @dataclasses.dataclass(frozen=True)
-class TanhGaussian:
+class TanhGaussian(Bounds):
     """Diagonal Gaussian over u, squashed to a = offset + scale * tanh(u) in [low, high]."""
-
-    low: tuple[float, ...]
-    high: tuple[float, ...]
-
-    @property
-    def scale(self) -> jax.Array:
-        return (jnp.asarray(self.high) - jnp.asarray(self.low)) / 2.0
-
-    @property
-    def offset(self) -> jax.Array:
-        return (jnp.asarray(self.high) + jnp.asarray(self.low)) / 2.0
-
-    def squash(self, u: jax.Array) -> jax.Array:
-        return self.offset + self.scale * jnp.tanh(u)
 
     def log_prob(self, mean: jax.Array, log_std: jax.Array, u: jax.Array) -> jax.Array:
         """log pi(a) of a = squash(u), [..., D] -> [...]: the Gaussian's log density at u minus
@@ -74,18 +61,6 @@ class Policy(nn.Module):
         return mean, jnp.clip(log_std, self.log_std_min, self.log_std_max)
 
 
-class TwinCritic(nn.Module):
-    """(obs, action) -> the two critics' Q-values, [..., 2]; each has its own MLP."""
-
-    hidden_sizes: Sequence[int]
-
-    @nn.compact
-    def __call__(self, obs, action):
-        x = jnp.concatenate([obs.astype(jnp.float32), action.astype(jnp.float32)], axis=-1)
-        q = [nn.Dense(1)(MLPTorso(tuple(self.hidden_sizes))(x)) for _ in range(2)]
-        return jnp.concatenate(q, axis=-1)
-
-
 @dataclasses.dataclass(frozen=True)
 class SACNetworks:
     """Pure functions and the action distribution.
@@ -109,20 +84,9 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], log_std_min: float
     Raises:
       ValueError: discrete or non-flat actions, infinite bounds, or pixel observations.
     """
-    if spec.discrete or len(spec.action_shape) != 1:
-        raise ValueError(f"SAC needs flat Box actions, got num_actions={spec.num_actions}, "
-                         f"action_shape={spec.action_shape}; use --agent=dqn or ppo for "
-                         "discrete actions.")
-    bounds = (spec.action_low or ()) + (spec.action_high or ())
-    if not bounds or not all(math.isfinite(b) for b in bounds):
-        raise ValueError(f"SAC squashes actions into the env's bounds; got low={spec.action_low}, "
-                         f"high={spec.action_high}. Wrap the env to give finite bounds.")
-    if len(spec.observation_shape) != 1:
-        raise ValueError(f"SAC here takes flat vector observations, got shape "
-                         f"{spec.observation_shape}.")
-    action_dim = spec.action_shape[0]
+    action_dim = continuous_action_dim(spec, "SAC")
     policy = Policy(tuple(hidden_sizes), action_dim, log_std_min, log_std_max)
-    critic = TwinCritic(tuple(hidden_sizes))
+    critic = Critics(tuple(hidden_sizes), num_critics=2)
     obs = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
     action = jnp.zeros((1, action_dim), jnp.float32)
     return SACNetworks(

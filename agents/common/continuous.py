@@ -1,0 +1,92 @@
+"""Continuous control pieces the actor-critic agents share (SAC, TD3, D4PG): the check that an
+env has flat bounded actions, the squash into those bounds, a deterministic policy and critics
+on [obs, action]."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from trellis.agents.common.torsos import MLPTorso
+from trellis.envs.specs import EnvSpec
+
+
+def continuous_action_dim(spec: EnvSpec, agent: str) -> int:
+    """The action dimension of an env with flat vector observations and flat, bounded Box
+    actions.
+
+    Raises:
+      ValueError: discrete or non-flat actions, infinite bounds, or pixel observations, naming
+        `agent` and what would work.
+    """
+    if spec.discrete or len(spec.action_shape) != 1:
+        raise ValueError(f"{agent} needs flat Box actions, got num_actions={spec.num_actions}, "
+                         f"action_shape={spec.action_shape}; use --agent=dqn or ppo for "
+                         "discrete actions.")
+    bounds = (spec.action_low or ()) + (spec.action_high or ())
+    if not bounds or not all(math.isfinite(b) for b in bounds):
+        raise ValueError(f"{agent} squashes actions into the env's bounds; got "
+                         f"low={spec.action_low}, high={spec.action_high}. Wrap the env to give "
+                         "finite bounds.")
+    if len(spec.observation_shape) != 1:
+        raise ValueError(f"{agent} here takes flat vector observations, got shape "
+                         f"{spec.observation_shape}.")
+    return spec.action_shape[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """An env's Box bounds; `squash` maps the real line onto them, a = offset + scale tanh(u)."""
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+
+    @property
+    def scale(self) -> jax.Array:
+        return (jnp.asarray(self.high) - jnp.asarray(self.low)) / 2.0
+
+    @property
+    def offset(self) -> jax.Array:
+        return (jnp.asarray(self.high) + jnp.asarray(self.low)) / 2.0
+
+    def squash(self, u: jax.Array) -> jax.Array:
+        return self.offset + self.scale * jnp.tanh(u)
+
+    def clip(self, action: jax.Array) -> jax.Array:
+        return jnp.clip(action, jnp.asarray(self.low), jnp.asarray(self.high))
+
+
+class DeterministicPolicy(nn.Module):
+    """obs -> the pre-squash action u [..., D] (TD3, D4PG: `Bounds.squash(u)` is the action)."""
+
+    hidden_sizes: Sequence[int]
+    action_dim: int
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.action_dim)(MLPTorso(tuple(self.hidden_sizes))(obs))
+
+
+class Critics(nn.Module):
+    """(obs, action) -> `num_critics` critics' outputs, [..., num_critics, num_outputs] (or
+    [..., num_critics] when `num_outputs` is 1: Q-values); each critic has its own MLP.
+
+    SAC and TD3 use two scalar critics (clipped double Q), DDPG one, D4PG one whose outputs
+    are the logits of a categorical return distribution.
+    """
+
+    hidden_sizes: Sequence[int]
+    num_critics: int = 2
+    num_outputs: int = 1
+
+    @nn.compact
+    def __call__(self, obs, action):
+        x = jnp.concatenate([obs.astype(jnp.float32), action.astype(jnp.float32)], axis=-1)
+        out = jnp.stack([nn.Dense(self.num_outputs)(MLPTorso(tuple(self.hidden_sizes))(x))
+                         for _ in range(self.num_critics)], axis=-2)
+        return out[..., 0] if self.num_outputs == 1 else out
