@@ -17,6 +17,7 @@ from trellis.envs.brax_envs import BraxFactory, is_brax_id
 from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
+from trellis.envs.pgx_envs import PgxFactory, is_pgx_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 # Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium),
@@ -43,12 +44,14 @@ def _adapters(env_id: str) -> list:
 
 
 def make_env_factory(env_id: str
-                     ) -> EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory:
+                     ) -> EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory | PgxFactory:
     """The factory for an id: "gymnax:ID" and "brax:NAME" give gymnax's and Brax's envs (JAX,
-    for --platform=anakin), "envpool:ID" batches of envpool's envs for env workers, anything
-    else a Gymnasium id."""
+    for --platform=anakin), "pgx:GAME" pgx's two-player games (JAX, for self-play on anakin),
+    "envpool:ID" batches of envpool's envs for env workers, anything else a Gymnasium id."""
     if is_gymnax_id(env_id):
         return GymnaxFactory(env_id)
+    if is_pgx_id(env_id):
+        return PgxFactory(env_id)
     if is_brax_id(env_id):
         return BraxFactory(env_id)
     if is_envpool_id(env_id):
