@@ -10,11 +10,13 @@ from typing import Any
 
 AGENTS = {
     "apex": "trellis.agents.dqn.apex",
+    "ddpg": "trellis.agents.td3.ddpg",
     "dqn": "trellis.agents.dqn",
     "impala": "trellis.agents.impala",
     "ppo": "trellis.agents.ppo",
     "r2d2": "trellis.agents.r2d2",
     "sac": "trellis.agents.sac",
+    "td3": "trellis.agents.td3",
 }
 
 
