@@ -107,11 +107,15 @@ class Capabilities:
       recurrent: the policy carries a state per env slot (`Builder.initial_state`).
       anakin: the pure pieces (`Builder.make_training`, the policy) run inside one jitted
         act-and-learn program with envs written in JAX (--platform=anakin).
+      multi_agent: the agent learns in multi-agent envs (envs/multi_agent.py), one policy
+        per group of agents (builders/contract/policy_mapping.py); it runs on those envs
+        only, and single-agent agents on single-agent envs only.
     """
 
     learns_from: str
     recurrent: bool = False
     anakin: bool = False
+    multi_agent: bool = False
 
     def __post_init__(self) -> None:
         if self.learns_from not in (UNROLLS, REPLAY):

@@ -104,10 +104,19 @@ class Summary:
         return record
 
 
-def check_supported(builder: Builder, platform: str) -> None:
-    """Raises UnsupportedError when the agent's capabilities do not cover `platform`."""
+def check_supported(builder: Builder, platform: str, env_factory: Any = None) -> None:
+    """Raises UnsupportedError when the agent's capabilities do not cover `platform`, or the
+    env (a multi-agent factory has `multi_agent = True`, envs/multi_agent.py)."""
     capabilities = builder.capabilities
     name = type(builder).__name__
+    multi_agent_env = bool(getattr(env_factory, "multi_agent", False))
+    if env_factory is not None and multi_agent_env != capabilities.multi_agent:
+        env = getattr(env_factory, "env_id", repr(env_factory))
+        raise UnsupportedError(
+            f"{env} is a multi-agent env and {name} a single-agent agent (use --agent=ippo or "
+            "mappo)" if multi_agent_env else
+            f"{name} is a multi-agent agent and {env} a single-agent env (use e.g. "
+            "--env=jaxmarl:MPE_simple_spread_v3)")
     if platform == ANAKIN and capabilities.recurrent:
         raise UnsupportedError(
             f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
@@ -282,7 +291,7 @@ def run_experiment(
     """
     settings = platform_settings(platform)
     name = platform_name(settings)
-    check_supported(builder, name)
+    check_supported(builder, name, env_factory)
     os.makedirs(run_dir, exist_ok=True)
     resume_from = latest_checkpoint(run_dir) if resume else None  # Errors before anything.
     resume_progress = resume_from[1] if resume_from else None
