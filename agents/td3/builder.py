@@ -1,0 +1,62 @@
+"""TD3 builder: the one place that wires networks, policy, learner and queue spec."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from trellis.agents.common import AgentBuilder
+from trellis.agents.td3.config import TD3Config
+from trellis.agents.td3.learner import Learner, make_training
+from trellis.agents.td3.networks import TD3Networks, make_networks
+from trellis.builders.contract.agent import REPLAY, Capabilities, Training
+from trellis.envs.specs import EnvSpec
+
+
+class TD3Builder(AgentBuilder):
+    """Builder for TD3 and DDPG (its preset); acting is SEED-style through central inference.
+
+    Inference records plain unrolls; the learner turns them into transitions in its uniform
+    table (agents/td3/learner.py).
+    """
+
+    config: TD3Config
+
+    def make_networks(self, spec: EnvSpec) -> TD3Networks:
+        c = self.config
+        return make_networks(spec, c.hidden_sizes, 2 if c.twin_critics else 1,
+                             "TD3" if c.twin_critics else "DDPG")
+
+    def make_policy(self, networks: TD3Networks, evaluation: bool = False):
+        """`policy(params, key, obs[N, D_obs], state, first) -> (actions[N, D], {}, state)`:
+        mu(s) plus Gaussian exploration noise, clipped to the bounds, when training; mu(s)
+        when evaluating."""
+        bounds, sigma = networks.bounds, self.config.exploration_noise
+
+        def policy(params, key, obs, state, first):
+            del first  # Feed-forward: nothing to reset.
+            action = networks.policy(params["policy"], obs)
+            if evaluation:
+                return action, {}, state
+            noise = sigma * bounds.scale * jax.random.normal(key, action.shape, action.dtype)
+            return bounds.clip(action + noise), {}, state
+
+        return policy
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(REPLAY)
+
+    def make_training(self, networks: TD3Networks, spec: EnvSpec) -> Training:
+        del spec  # The networks already know the shapes.
+        return make_training(networks, self.config)
+
+    def make_learner(self, networks: TD3Networks, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
+        del replay  # Its transitions are replayed in-process (agents.common.ReplayLearner).
+        return Learner(networks, self.config, key,
+                       obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)
+

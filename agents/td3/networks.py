@@ -1,0 +1,55 @@
+"""TD3 networks: a deterministic policy squashed into the env's bounds and one or two
+critics on MLP torsos (agents/common/continuous.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from trellis.agents.common.continuous import (
+    Bounds,
+    Critics,
+    DeterministicPolicy,
+    continuous_action_dim,
+)
+from trellis.envs.specs import EnvSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Networks:
+    """Pure functions: `init_policy(key)`, `init_critic(key)` -> params;
+    `policy(params, obs)` -> the action in bounds [..., D]; `critic(params, obs, action)` ->
+    Q [..., N] (N = 2 with clipped double Q, else 1)."""
+
+    init_policy: Callable[[jax.Array], dict]
+    init_critic: Callable[[jax.Array], dict]
+    policy: Callable[[dict, jax.Array], jax.Array]
+    critic: Callable[[dict, jax.Array, jax.Array], jax.Array]
+    bounds: Bounds
+    action_dim: int
+
+
+def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_critics: int,
+                  agent: str = "TD3") -> TD3Networks:
+    """Networks for flat vector observations and flat, bounded Box actions.
+
+    Raises:
+      ValueError: discrete or non-flat actions, infinite bounds, or pixel observations.
+    """
+    action_dim = continuous_action_dim(spec, agent)
+    bounds = Bounds(spec.action_low, spec.action_high)
+    policy = DeterministicPolicy(tuple(hidden_sizes), action_dim)
+    critic = Critics(tuple(hidden_sizes), num_critics=num_critics)
+    obs = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    action = jnp.zeros((1, action_dim), jnp.float32)
+    return TD3Networks(
+        init_policy=lambda key: policy.init(key, obs),
+        init_critic=lambda key: critic.init(key, obs, action),
+        policy=lambda params, obs: bounds.squash(policy.apply(params, obs)),
+        critic=critic.apply,
+        bounds=bounds,
+        action_dim=action_dim,
+    )
