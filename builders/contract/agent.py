@@ -21,8 +21,8 @@ from trellis.envs.specs import EnvSpec
 from trellis.reverb_tables.spec import ArraySpec, TableSpec
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
-__all__ = ["REPLAY", "STATE_PREFIX", "UNROLLS", "ArraySpec", "Builder", "Capabilities", "Learner",
-           "Policy", "QueueSpec", "State", "Training", "Update", "recorded_state", "state_specs"]
+__all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "STATE_PREFIX", "UNROLLS", "ArraySpec", "Builder",
+           "Capabilities", "Learner", "Policy", "QueueSpec", "State", "Training", "Update", "recorded_state", "state_specs"]
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
@@ -93,6 +93,11 @@ def state_specs(initial_state: Mapping[str, np.ndarray]) -> dict[str, ArraySpec]
 # Where a learner's data comes from (`Capabilities.learns_from`).
 UNROLLS = "unrolls"  # Inference's unrolls, in order (IMPALA, PPO).
 REPLAY = "replay"  # Items sampled from a table (DQN, Ape-X, SAC: transitions; R2D2: sequences).
+# Scalar fitnesses of whole episodes, no gradient (evolution strategies): the "batch" of
+# `Training.make_update`'s update is {"fitness": [N]}, one per member of a population.
+EPISODES = "episodes"
+# What `Capabilities.learns_from` may be.
+LEARNS_FROM = (UNROLLS, REPLAY, EPISODES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +106,9 @@ class Capabilities:
     anything, and a run it cannot do is one line naming what would work.
 
     Attributes:
-      learns_from: `UNROLLS` (the learner takes inference's unrolls in order) or `REPLAY`
+      learns_from: `UNROLLS` (the learner takes inference's unrolls in order), `REPLAY`
         (it samples stored items, and its `make_learner` gets the replay table's client or
-        keeps its own table).
+        keeps its own table) or `EPISODES` (a population's fitnesses of whole episodes).
       recurrent: the policy carries a state per env slot (`Builder.initial_state`).
       anakin: the pure pieces (`Builder.make_training`, the policy) run inside one jitted
         act-and-learn program with envs written in JAX (--platform=anakin).
@@ -118,8 +123,8 @@ class Capabilities:
     multi_agent: bool = False
 
     def __post_init__(self) -> None:
-        if self.learns_from not in (UNROLLS, REPLAY):
-            raise ValueError(f"Capabilities.learns_from must be {UNROLLS!r} or {REPLAY!r}, "
+        if self.learns_from not in LEARNS_FROM:
+            raise ValueError(f"Capabilities.learns_from must be one of {LEARNS_FROM}, "
                              f"got {self.learns_from!r}")
 
 
