@@ -22,7 +22,8 @@ from trellis.reverb_tables.spec import ArraySpec, TableSpec
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
 __all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "STATE_PREFIX", "UNROLLS", "ArraySpec", "Builder",
-           "Capabilities", "Learner", "Policy", "QueueSpec", "State", "Training", "Update", "recorded_state", "state_specs"]
+           "Capabilities", "Learner", "Policy", "QueueSpec", "State", "Training", "Update",
+           "recorded_state", "state_specs"]
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
