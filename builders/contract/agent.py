@@ -21,9 +21,9 @@ from trellis.envs.specs import EnvSpec
 from trellis.reverb_tables.spec import ArraySpec, TableSpec
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
-__all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "STATE_PREFIX", "UNROLLS", "ArraySpec", "Builder",
-           "Capabilities", "Learner", "Policy", "QueueSpec", "State", "Training", "Update",
-           "recorded_state", "state_specs"]
+__all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "SELF_PLAY", "STATE_PREFIX", "UNROLLS",
+           "ArraySpec", "Builder", "Capabilities", "Learner", "Policy", "QueueSpec", "State",
+           "Training", "Update", "recorded_state", "state_specs"]
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
@@ -97,8 +97,11 @@ REPLAY = "replay"  # Items sampled from a table (DQN, Ape-X, SAC: transitions; R
 # Scalar fitnesses of whole episodes, no gradient (evolution strategies): the "batch" of
 # `Training.make_update`'s update is {"fitness": [N]}, one per member of a population.
 EPISODES = "episodes"
+# Two-player self-play positions with search targets, played and learned from inside one
+# program on the device (AlphaZero: builders/experiments/self_play_run.py).
+SELF_PLAY = "self_play"
 # What `Capabilities.learns_from` may be.
-LEARNS_FROM = (UNROLLS, REPLAY, EPISODES)
+LEARNS_FROM = (UNROLLS, REPLAY, EPISODES, SELF_PLAY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +112,8 @@ class Capabilities:
     Attributes:
       learns_from: `UNROLLS` (the learner takes inference's unrolls in order), `REPLAY`
         (it samples stored items, and its `make_learner` gets the replay table's client or
-        keeps its own table) or `EPISODES` (a population's fitnesses of whole episodes).
+        keeps its own table), `EPISODES` (a population's fitnesses of whole episodes) or
+        `SELF_PLAY` (two-player self-play positions with search targets, on the device).
       recurrent: the policy carries a state per env slot (`Builder.initial_state`).
       anakin: the pure pieces (`Builder.make_training`, the policy) run inside one jitted
         act-and-learn program with envs written in JAX (--platform=anakin).
