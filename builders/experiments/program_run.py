@@ -10,6 +10,7 @@ updates and stops the program, and checkpoints when the session's timer asks.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trellis.builders.contract.agent import Builder
@@ -32,13 +33,16 @@ class ProgramRun:
       platform: where the program runs.
       stop_rule: asked by the learner node between updates.
       resume_step: the checkpoint to resume from, or None.
+      make: builds the program graph, with `make_program`'s arguments (another kind of
+        agent's graph, e.g. evolution strategies' `es_node.make_es_program`); its "learner"
+        group's node answers `stats()` and `checkpoint()`.
     """
 
     def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
                  run_dir: str, platform: HostPlatform, stop_rule: StopRule,
-                 resume_step: int | None):
+                 resume_step: int | None, make: Callable[..., runtime.Program] = make_program):
         name = getattr(env_factory, "env_id", "env")
-        self._program = make_program(
+        self._program = make(
             builder, env_factory, config, name=f"{type(builder).__name__}-{name}",
             checkpoints=Checkpoints(checkpoint_dir(run_dir), resume_step), stop_rule=stop_rule)
         self._platform = platform
