@@ -10,6 +10,7 @@ from typing import Any
 
 AGENTS = {
     "apex": "trellis.agents.dqn.apex",
+    "d4pg": "trellis.agents.d4pg",
     "ddpg": "trellis.agents.td3.ddpg",
     "dqn": "trellis.agents.dqn",
     "impala": "trellis.agents.impala",

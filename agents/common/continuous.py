@@ -1,18 +1,20 @@
 """Continuous control pieces the actor-critic agents share (SAC, TD3, D4PG): the check that an
 env has flat bounded actions, the squash into those bounds, a deterministic policy and critics
-on [obs, action]."""
+on [obs, action], and the acting policy of a deterministic actor."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from trellis.agents.common.torsos import MLPTorso
+from trellis.builders.contract.agent import Policy
 from trellis.envs.specs import EnvSpec
 
 
@@ -90,3 +92,28 @@ class Critics(nn.Module):
         out = jnp.stack([nn.Dense(self.num_outputs)(MLPTorso(tuple(self.hidden_sizes))(x))
                          for _ in range(self.num_critics)], axis=-2)
         return out[..., 0] if self.num_outputs == 1 else out
+
+
+def deterministic_policy(act: Callable[[Any, jax.Array], jax.Array], bounds: Bounds,
+                         exploration_noise: float, evaluation: bool) -> Policy:
+    """The acting policy of a deterministic actor (TD3, DDPG, D4PG), feed-forward:
+    `policy(params, key, obs[N, D_obs], state, first) -> (actions[N, D], {}, state)` reads
+    `params["policy"]`; mu(s) plus Gaussian noise of std `exploration_noise` half-ranges,
+    clipped to the bounds, when training, mu(s) when evaluating.
+
+    Args:
+      act: `act(policy_params, obs) -> mu(obs)`, already in bounds.
+      bounds: the env's action bounds.
+      exploration_noise: the noise's std in half-widths of the action range.
+      evaluation: no noise.
+    """
+
+    def policy(params, key, obs, state, first):
+        del first  # Feed-forward: nothing to reset.
+        action = act(params["policy"], obs)
+        if evaluation:
+            return action, {}, state
+        noise = jax.random.normal(key, action.shape, action.dtype)
+        return bounds.clip(action + exploration_noise * bounds.scale * noise), {}, state
+
+    return policy

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 
 from trellis.agents.common import AgentBuilder
+from trellis.agents.common.continuous import deterministic_policy
 from trellis.agents.td3.config import TD3Config
 from trellis.agents.td3.learner import Learner, make_training
 from trellis.agents.td3.networks import TD3Networks, make_networks
@@ -30,20 +31,10 @@ class TD3Builder(AgentBuilder):
                              "TD3" if c.twin_critics else "DDPG")
 
     def make_policy(self, networks: TD3Networks, evaluation: bool = False):
-        """`policy(params, key, obs[N, D_obs], state, first) -> (actions[N, D], {}, state)`:
-        mu(s) plus Gaussian exploration noise, clipped to the bounds, when training; mu(s)
-        when evaluating."""
-        bounds, sigma = networks.bounds, self.config.exploration_noise
-
-        def policy(params, key, obs, state, first):
-            del first  # Feed-forward: nothing to reset.
-            action = networks.policy(params["policy"], obs)
-            if evaluation:
-                return action, {}, state
-            noise = sigma * bounds.scale * jax.random.normal(key, action.shape, action.dtype)
-            return bounds.clip(action + noise), {}, state
-
-        return policy
+        """mu(s) plus Gaussian exploration noise when training, mu(s) when evaluating
+        (`agents.common.continuous.deterministic_policy`)."""
+        return deterministic_policy(networks.policy, networks.bounds,
+                                    self.config.exploration_noise, evaluation)
 
     @property
     def capabilities(self) -> Capabilities:

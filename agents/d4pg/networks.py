@@ -1,0 +1,57 @@
+"""D4PG networks: a deterministic policy squashed into the env's bounds and one critic whose
+outputs are the logits of a categorical return distribution (agents/common/continuous.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from trellis.agents.common.continuous import (
+    Bounds,
+    Critics,
+    DeterministicPolicy,
+    continuous_action_dim,
+)
+from trellis.envs.specs import EnvSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class D4PGNetworks:
+    """Pure functions: `init_policy(key)`, `init_critic(key)` -> params;
+    `policy(params, obs)` -> the action in bounds [..., D]; `critic(params, obs, action)` ->
+    logits [..., K] over `atoms` [K]."""
+
+    init_policy: Callable[[jax.Array], dict]
+    init_critic: Callable[[jax.Array], dict]
+    policy: Callable[[dict, jax.Array], jax.Array]
+    critic: Callable[[dict, jax.Array, jax.Array], jax.Array]
+    atoms: jax.Array
+    bounds: Bounds
+    action_dim: int
+
+
+def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_atoms: int, v_min: float,
+                  v_max: float) -> D4PGNetworks:
+    """Networks for flat vector observations and flat, bounded Box actions.
+
+    Raises:
+      ValueError: discrete or non-flat actions, infinite bounds, or pixel observations.
+    """
+    action_dim = continuous_action_dim(spec, "D4PG")
+    bounds = Bounds(spec.action_low, spec.action_high)
+    policy = DeterministicPolicy(tuple(hidden_sizes), action_dim)
+    critic = Critics(tuple(hidden_sizes), num_critics=1, num_outputs=num_atoms)
+    obs = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    action = jnp.zeros((1, action_dim), jnp.float32)
+    return D4PGNetworks(
+        init_policy=lambda key: policy.init(key, obs),
+        init_critic=lambda key: critic.init(key, obs, action),
+        policy=lambda params, obs: bounds.squash(policy.apply(params, obs)),
+        critic=lambda params, obs, action: critic.apply(params, obs, action)[..., 0, :],
+        atoms=jnp.linspace(v_min, v_max, num_atoms),
+        bounds=bounds,
+        action_dim=action_dim,
+    )
