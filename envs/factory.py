@@ -17,6 +17,7 @@ from trellis.envs.brax_envs import BraxFactory, is_brax_id
 from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
+from trellis.envs.jaxmarl_envs import JaxMARLFactory, is_jaxmarl_id
 from trellis.envs.pettingzoo_envs import PettingZooFactory, is_pettingzoo_id
 from trellis.envs.pgx_envs import PgxFactory, is_pgx_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
@@ -45,11 +46,12 @@ def _adapters(env_id: str) -> list:
 
 
 def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory
-                                      | PgxFactory | PettingZooFactory):
+                                      | PgxFactory | PettingZooFactory | JaxMARLFactory):
     """The factory for an id: "gymnax:ID" and "brax:NAME" give gymnax's and Brax's envs (JAX,
     for --platform=anakin), "pgx:GAME" pgx's two-player games (JAX, for self-play on anakin),
     "envpool:ID" batches of envpool's envs for env workers, "pettingzoo:FAMILY/NAME" PettingZoo's
-    parallel multi-agent envs for env workers, anything else a Gymnasium id."""
+    parallel multi-agent envs for env workers, "jaxmarl:ID" JaxMARL's multi-agent envs (JAX, for
+    anakin; "warehouses" too), anything else a Gymnasium id."""
     if is_gymnax_id(env_id):
         return GymnaxFactory(env_id)
     if is_pgx_id(env_id):
@@ -60,6 +62,8 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
         return EnvpoolFactory(env_id)
     if is_pettingzoo_id(env_id):
         return PettingZooFactory(env_id)
+    if is_jaxmarl_id(env_id):
+        return JaxMARLFactory(env_id)
     return EnvFactory(env_id)
 
 
