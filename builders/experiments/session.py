@@ -31,8 +31,9 @@ from typing import Any
 
 import jax
 
-from trellis.builders.contract.agent import Builder
+from trellis.builders.contract.agent import EPISODES, REPLAY, UNROLLS, Builder
 from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments import es_run
 from trellis.builders.experiments.anakin_run import AnakinRun
 from trellis.builders.experiments.checkpointing import latest_checkpoint
 from trellis.builders.experiments.curves import finish_run_dir
@@ -247,6 +248,30 @@ class Session:
             error=ending.error)
 
 
+def _gradient_execution(builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
+                        run_dir: str, settings: Platform,
+                        resume_from: tuple[int, Mapping[str, Any]] | None,
+                        quiet: bool) -> Execution:
+    """Gradient learners: a population in one jitted program on anakin (`AnakinRun`), else the
+    SEED-style program graph (`ProgramRun`)."""
+    if isinstance(settings, PopulationSettings):
+        rule = StopRule.of(config, every_member=settings.pbt is None)
+        return AnakinRun(builder, env_factory, config, run_dir, settings, rule, resume_from,
+                         quiet=quiet)
+    return ProgramRun(builder, env_factory, config, run_dir, settings, StopRule.of(config),
+                      None if resume_from is None else resume_from[0])
+
+
+# The platform's execution, by what the agent learns from (`Capabilities.learns_from`): each
+# kind builds its anakin program or its program graph for the host platforms, all called with
+# (builder, env_factory, config, run_dir, platform settings, resume_from, quiet).
+EXECUTIONS: dict[str, Callable[..., Execution]] = {
+    UNROLLS: _gradient_execution,
+    REPLAY: _gradient_execution,
+    EPISODES: es_run.execution,
+}
+
+
 def run_experiment(
     builder: Builder,
     env_factory: EnvFactory,
@@ -300,14 +325,8 @@ def run_experiment(
                   None if resume_progress is None else resume_progress["env_steps"])
     session = Session(config, run_dir, quiet=quiet, resume_progress=resume_progress,
                       extra_metrics=extra_metrics, on_stats=on_stats)
-    execution: Execution
-    if isinstance(settings, PopulationSettings):
-        rule = StopRule.of(config, every_member=settings.pbt is None)
-        execution = AnakinRun(builder, env_factory, config, run_dir, settings, rule,
-                              resume_from, quiet=quiet)
-    else:
-        execution = ProgramRun(builder, env_factory, config, run_dir, settings,
-                               StopRule.of(config), None if resume_from is None else resume_from[0])
+    execution = EXECUTIONS[builder.capabilities.learns_from](
+        builder, env_factory, config, run_dir, settings, resume_from, quiet)
     summary = session.run(execution, agent=options.get("agent", type(builder).__name__),
                           platform=name, env=getattr(env_factory, "env_id", "env"))
     return finish_run_dir(run_dir, summary.as_json())
