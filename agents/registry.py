@@ -13,6 +13,7 @@ AGENTS = {
     "d4pg": "trellis.agents.d4pg",
     "ddpg": "trellis.agents.td3.ddpg",
     "dqn": "trellis.agents.dqn",
+    "es": "trellis.agents.es",
     "impala": "trellis.agents.impala",
     "ppo": "trellis.agents.ppo",
     "r2d2": "trellis.agents.r2d2",
