@@ -27,6 +27,7 @@ import gymnasium as gym  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from trellis.builders.contract.agent import EPISODES  # noqa: E402
 from trellis.builders.experiments.anakin import play_episodes  # noqa: E402
 from trellis.builders.experiments.anakin_run import AnakinError, restore_member  # noqa: E402
 from trellis.builders.experiments.checkpointing import (  # noqa: E402
@@ -125,18 +126,24 @@ def _record(policy, initial_state, params, env_factory, episodes: int, seed: int
 
 
 def _evaluate_anakin(args: argparse.Namespace, settings: RunSettings) -> dict:
-    """A member of an anakin run: its greedy policy in fresh JAX envs, one episode each."""
+    """A member of an anakin run (of an ES run: its search mean), greedy, in fresh JAX envs, one
+    episode each."""
     if args.video:
         raise _Error("--video records Gymnasium envs; this run's env is written in JAX")
     builder, env_factory = settings.build()
-    try:
-        anakin, params, step, progress = restore_member(
-            builder, env_factory, settings.experiment, settings.options.num_seeds,
-            args.run_dir, args.step, args.member)
-    except (AnakinError, CheckpointError) as e:
-        raise _Error(str(e)) from e
-    policy = builder.make_policy(builder.make_networks(env_factory.spec()), evaluation=True)
-    play = jax.jit(functools.partial(play_episodes, anakin.env, policy, initial_state={},
+    if builder.capabilities.learns_from == EPISODES:  # One search, not a population: its mean.
+        policy, _, params, _, step, progress = load_policy(args.run_dir, args.step)
+        env = env_factory.make()
+    else:
+        try:
+            anakin, params, step, progress = restore_member(
+                builder, env_factory, settings.experiment, settings.options.num_seeds,
+                args.run_dir, args.step, args.member)
+        except (AnakinError, CheckpointError) as e:
+            raise _Error(str(e)) from e
+        policy = builder.make_policy(builder.make_networks(env_factory.spec()), evaluation=True)
+        env = anakin.env
+    play = jax.jit(functools.partial(play_episodes, env, policy, initial_state={},
                                      num_episodes=args.episodes))
     result = summarize(np.asarray(play(params, key=jax.random.key(args.seed))).tolist())
     result.update(checkpoint_env_steps=step, learner_steps=progress.get("learner_steps"),
