@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
+from trellis.envs.jax_env import TimeStep
+from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep, episode_done
 from trellis.envs.specs import EnvSpec
 
 
@@ -131,3 +132,29 @@ class MultiAgentJaxEnv:
             global_state=self._global_state(inner, obs))
         return jax.tree.map(functools.partial(jnp.where, state.done), reset,
                             (EnvState(inner, alive, episode_done), stepped))
+
+
+@dataclasses.dataclass(frozen=True)
+class TeamEnv:
+    """A multi-agent env seen as one env (`jax_env.JaxEnv`'s reset and step), for a program
+    that steps single envs (the anakin platform): the observation is the whole
+    `MultiAgentStep`, the reward the team's (the sum over agents), and the episode ends when no
+    agent acts any more (`multi_agent.episode_done`), truncated if an agent's end was."""
+
+    env: MultiAgentJaxEnv
+
+    def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
+        state, step = self.env.reset(key)
+        return state, self._timestep(step)
+
+    def step(self, key: jax.Array, state: EnvState, actions: dict[str, jax.Array]
+             ) -> tuple[EnvState, TimeStep]:
+        state, step = self.env.step(key, state, actions)
+        return state, self._timestep(step)
+
+    def _timestep(self, step: MultiAgentStep) -> TimeStep:
+        agents = self.env.agents
+        done = episode_done(step, agents) & ~step.first
+        truncated = done & functools.reduce(jnp.logical_or, (step.truncated[a] for a in agents))
+        reward = functools.reduce(jnp.add, (step.reward[a] for a in agents))
+        return TimeStep(step, reward, done & ~truncated, truncated, step.first)

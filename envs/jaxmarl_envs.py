@@ -12,10 +12,8 @@ load JAX; JaxMARL (the `marl` extra) is imported when an env is built.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
-import io
 from typing import Any
 
 from trellis.envs.errors import UnknownEnvError, check_registered
@@ -34,9 +32,7 @@ def is_jaxmarl_id(env_id: str) -> bool:
 
 def _jaxmarl():
     try:
-        # It prints a line about optional environments on import: not ours to show.
-        with contextlib.redirect_stdout(io.StringIO()):
-            import jaxmarl
+        import jaxmarl
     except ImportError as e:
         raise UnknownEnvError(
             "jaxmarl envs need the jaxmarl package: pip install -e '.[marl]'") from e
