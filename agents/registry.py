@@ -9,12 +9,15 @@ import importlib
 from typing import Any
 
 AGENTS = {
+    "alphazero": "trellis.agents.alphazero",
     "apex": "trellis.agents.dqn.apex",
     "d4pg": "trellis.agents.d4pg",
     "ddpg": "trellis.agents.td3.ddpg",
     "dqn": "trellis.agents.dqn",
     "es": "trellis.agents.es",
     "impala": "trellis.agents.impala",
+    "ippo": "trellis.agents.ppo.ippo",
+    "mappo": "trellis.agents.ppo.mappo",
     "ppo": "trellis.agents.ppo",
     "r2d2": "trellis.agents.r2d2",
     "sac": "trellis.agents.sac",
