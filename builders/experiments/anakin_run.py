@@ -31,6 +31,7 @@ from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_
 from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import PopulationSettings
 from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.envs.jax_multi_agent import TeamEnv
 
 
 class AnakinError(ValueError):
@@ -105,7 +106,10 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
     # Split whole, each member's update runs on one device (no mesh inside); otherwise the
     # update constrains its minibatches over the whole mesh.
     update = training.make_update(None if shards_members(num_members, mesh) else mesh)
-    anakin = Anakin(env=env_factory.make(), policy=builder.make_policy(networks),
+    env = env_factory.make()
+    if getattr(env_factory, "multi_agent", False):  # Stepped as one env with the team's reward.
+        env = TeamEnv(env)
+    anakin = Anakin(env=env, policy=builder.make_policy(networks),
                     init=training.init, update=update, initial_state={},
                     num_envs=config.batch_size, unroll_length=config.unroll_length,
                     return_window=return_window)
