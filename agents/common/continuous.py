@@ -94,6 +94,12 @@ class Critics(nn.Module):
         return out[..., 0] if self.num_outputs == 1 else out
 
 
+def actor_params(state: Any) -> dict[str, Any]:
+    """What an actor-critic's policy reads (`Training.acting_params`): its actor's params,
+    `{"policy": state.policy_params}`, so inference and anakin never carry the critics."""
+    return {"policy": state.policy_params}
+
+
 def deterministic_policy(act: Callable[[Any, jax.Array], jax.Array], bounds: Bounds,
                          exploration_noise: float, evaluation: bool) -> Policy:
     """The acting policy of a deterministic actor (TD3, DDPG, D4PG), feed-forward:

@@ -55,6 +55,7 @@ class DataParallelLearner:
             )
         self.mesh = Mesh(np.array(devices), ("data",))
         self._init = training.init
+        self._acting_params = training.acting_params
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         self._key = key
@@ -79,7 +80,8 @@ class DataParallelLearner:
 
     @property
     def params(self):
-        return self._state.params
+        """What the acting policy reads (`Training.acting_params`)."""
+        return self._acting_params(self._state)
 
     @property
     def state(self):

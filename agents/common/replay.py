@@ -8,6 +8,7 @@ the table's selector is theirs to pick.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -16,10 +17,10 @@ from trellis import reverb_tables as rt
 TABLE = "transitions"
 
 
-def unrolls_to_transitions(
-    unrolls: Mapping[str, np.ndarray], n_step: int, discount: float
-) -> dict[str, np.ndarray]:
-    """N-step transitions from time-major unrolls, none crossing an episode boundary.
+def n_step_returns(first: Any, terminated: Any, truncated: Any, reward: Any, n_step: int,
+                   discount: float, xp: Any = np) -> tuple[Any, Any, Any, Any]:
+    """The n-step return of every start of time-major unrolls, none crossing an episode
+    boundary, in the array namespace `xp` (numpy on the host, jax.numpy inside jit).
 
     Step t of an unroll holds `obs` and how it was reached (`reward`, `terminated`,
     `truncated`, `first`) and the `action` chosen at it. The transition from t sums the
@@ -27,7 +28,41 @@ def unrolls_to_transitions(
     discount^k; it ends early where the episode ends (termination: bootstrap discount 0;
     truncation: bootstrap from the last observation) or where the unroll ends (a shorter
     but still valid return). A start whose next observation is `first` (Gymnasium's
-    next-step autoreset: the action at a final observation is ignored) yields nothing.
+    next-step autoreset: the action at a final observation is ignored) is not valid.
+
+    Args:
+      first, terminated, truncated: [T + 1, B] bools.
+      reward: [T + 1, B].
+      n_step: n.
+      discount: gamma.
+      xp: numpy (float64 sums) or jax.numpy (its default float).
+
+    Returns:
+      (returns, bootstrap discount, bootstrap index into the time axis, valid), each [T, B].
+    """
+    t_max = first.shape[0] - 1
+    starts = xp.arange(t_max)[:, None]  # [T, 1]
+    cols = xp.arange(first.shape[1])[None, :]  # [1, B]
+    valid = ~first[1:]  # [T, B]
+    returns = xp.zeros(valid.shape, reward.dtype)
+    scale = xp.ones(valid.shape, reward.dtype)  # discount^j, or 0 once terminated.
+    end = xp.broadcast_to(starts, valid.shape)  # Bootstrap index.
+    alive = valid
+    for j in range(1, n_step + 1):
+        s = xp.minimum(starts + j, t_max)  # [T, 1]; clipped rows are masked by `step`.
+        step = alive & (starts + j <= t_max) & ~first[s, cols]
+        returns = xp.where(step, returns + scale * reward[s, cols], returns)
+        scale = xp.where(step, scale * discount, scale)
+        end = xp.where(step, s, end)
+        scale = xp.where(step & terminated[s, cols], 0.0, scale)
+        alive = step & ~(terminated[s, cols] | truncated[s, cols])
+    return returns, scale, end, valid
+
+
+def unrolls_to_transitions(
+    unrolls: Mapping[str, np.ndarray], n_step: int, discount: float
+) -> dict[str, np.ndarray]:
+    """The valid n-step transitions of time-major unrolls (`n_step_returns`), on the host.
 
     Args:
       unrolls: {field: [T + 1, B, ...]}.
@@ -38,35 +73,17 @@ def unrolls_to_transitions(
       {obs, next_obs: [M, ...], action: [M, ...] (the unrolls' dtype), reward, discount: [M]},
       M <= T * B, ordered by (t, b).
     """
-    first = unrolls["first"].astype(bool)
-    terminated = unrolls["terminated"].astype(bool)
-    truncated = unrolls["truncated"].astype(bool)
-    reward = unrolls["reward"].astype(np.float64)
-    t_max = first.shape[0] - 1
-    starts = np.arange(t_max)[:, None]  # [T, 1]
-    valid = ~first[1:]  # [T, B]
-    returns = np.zeros(valid.shape)
-    scale = np.ones(valid.shape)  # discount^j, or 0 once terminated.
-    end = np.broadcast_to(starts, valid.shape).copy()  # Bootstrap index.
-    alive = valid.copy()
-    for j in range(1, n_step + 1):
-        s = np.minimum(starts + j, t_max)  # [T, 1]; clipped rows are masked by `within`.
-        cols = np.arange(valid.shape[1])[None, :]
-        step = alive & (starts + j <= t_max) & ~first[s, cols]
-        returns = np.where(step, returns + scale * reward[s, cols], returns)
-        scale = np.where(step, scale * discount, scale)
-        end = np.where(step, s, end)
-        ended = terminated[s, cols] | truncated[s, cols]
-        scale = np.where(step & terminated[s, cols], 0.0, scale)
-        alive = step & ~ended
+    returns, scale, end, valid = n_step_returns(
+        unrolls["first"].astype(bool), unrolls["terminated"].astype(bool),
+        unrolls["truncated"].astype(bool), unrolls["reward"].astype(np.float64), n_step,
+        discount)
     t_idx, b_idx = np.nonzero(valid)
-    e_idx = end[t_idx, b_idx]
     return {
         "obs": unrolls["obs"][t_idx, b_idx],
         "action": unrolls["action"][t_idx, b_idx],
         "reward": returns[t_idx, b_idx].astype(np.float32),
         "discount": scale[t_idx, b_idx].astype(np.float32),
-        "next_obs": unrolls["obs"][e_idx, b_idx],
+        "next_obs": unrolls["obs"][end[t_idx, b_idx], b_idx],
     }
 
 

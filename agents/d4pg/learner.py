@@ -20,6 +20,7 @@ import optax
 
 from trellis import reverb_tables as rt
 from trellis.agents.common import Batch, ReplayLearner, importance_weights, make_optimizer
+from trellis.agents.common.continuous import actor_params
 from trellis.agents.d4pg import losses
 from trellis.agents.d4pg.config import D4PGConfig
 from trellis.agents.d4pg.networks import D4PGNetworks
@@ -111,7 +112,7 @@ def make_training(networks: D4PGNetworks, config: D4PGConfig) -> Training:
     """The pure init and update of the D4PG learner (`builders.contract.agent.Training`)."""
     optimizer = make_optimizer(config)
     return Training(functools.partial(init_state, networks, optimizer),
-                    lambda mesh: make_update(networks, optimizer, config))
+                    lambda mesh: make_update(networks, optimizer, config), actor_params)
 
 
 class Learner(ReplayLearner):
@@ -126,7 +127,3 @@ class Learner(ReplayLearner):
         super().__init__(make_training(networks, config), key, config, selector=selector,
                          obs_spec=obs_spec, action_spec=((networks.action_dim,), "float32"),
                          devices=devices)
-
-    @property
-    def params(self):
-        return {"policy": self._state.policy_params}

@@ -21,6 +21,7 @@ import optax
 
 from trellis import reverb_tables as rt
 from trellis.agents.common import Batch, ReplayLearner, make_optimizer
+from trellis.agents.common.continuous import actor_params
 from trellis.agents.sac import losses
 from trellis.agents.sac.config import SACConfig
 from trellis.agents.sac.networks import SACNetworks
@@ -132,6 +133,7 @@ def make_training(networks: SACNetworks, config: SACConfig) -> Training:
     return Training(
         functools.partial(init_state, networks, optimizer, config.initial_temperature),
         lambda mesh: make_update(networks, optimizer, config),
+        actor_params,
     )
 
 
@@ -159,7 +161,3 @@ class Learner(ReplayLearner):
             action_spec=((networks.action_dim,), "float32"),
             devices=devices,
         )
-
-    @property
-    def params(self):
-        return {"policy": self._state.policy_params}

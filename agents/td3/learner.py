@@ -20,6 +20,7 @@ import optax
 
 from trellis import reverb_tables as rt
 from trellis.agents.common import Batch, ReplayLearner, make_optimizer
+from trellis.agents.common.continuous import actor_params
 from trellis.agents.td3 import losses
 from trellis.agents.td3.config import TD3Config
 from trellis.agents.td3.networks import TD3Networks
@@ -122,7 +123,7 @@ def make_training(networks: TD3Networks, config: TD3Config) -> Training:
     """The pure init and update of the TD3 learner (`builders.contract.agent.Training`)."""
     optimizer = make_optimizer(config)
     return Training(functools.partial(init_state, networks, optimizer),
-                    lambda mesh: make_update(networks, optimizer, config))
+                    lambda mesh: make_update(networks, optimizer, config), actor_params)
 
 
 class Learner(ReplayLearner):
@@ -136,7 +137,3 @@ class Learner(ReplayLearner):
         super().__init__(make_training(networks, config), key, config, selector=rt.Uniform(),
                          obs_spec=obs_spec, action_spec=((networks.action_dim,), "float32"),
                          devices=devices)
-
-    @property
-    def params(self):
-        return {"policy": self._state.policy_params}

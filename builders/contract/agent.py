@@ -11,6 +11,7 @@ A builder knows nothing of platforms.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -148,10 +149,14 @@ class Training:
         key, step, hyper-parameters held as arrays).
       make_update: `make_update(mesh) -> update`; the mesh (or None inside a program that
         places the update itself) lets an update constrain the sharding of what it builds.
+      acting_params: `acting_params(state)`, the params the policy reads
+        (`Policy`'s first argument): the state's `params` unless the agent says otherwise
+        (actor-critics act with their actor's params only).
     """
 
     init: Callable[[jax.Array], Any]
     make_update: Callable[[Any], Update]
+    acting_params: Callable[[Any], Any] = operator.attrgetter("params")
 
 
 class Learner(Protocol):
