@@ -35,12 +35,12 @@ class RecordingInference:
     def shm_address(self):
         return None  # No shared memory offered: the worker steps through `step`.
 
-    def step(self, worker_id, run_id, obs, reward, terminated, truncated, first, episodes):
-        self.calls.append(dict(obs=obs.copy(), reward=reward.copy(), terminated=terminated,
-                               truncated=truncated, first=first, episodes=list(episodes)))
+    def step(self, worker_id, run_id, inputs, episodes):
+        self.calls.append(dict({name: np.copy(v) for name, v in inputs.items()},
+                               episodes=list(episodes)))
         if len(self.calls) > self._steps:
             return None  # What the server answers when stopping: the worker returns.
-        return self._rng.integers(0, 2, size=len(obs))
+        return self._rng.integers(0, 2, size=len(inputs["obs"]))
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])

@@ -55,7 +55,7 @@ def test_batched_actions_match_unbatched_calls_per_slot():
         for _ in range(steps):
             inputs = worker_inputs(rng, k)
             sent[w].append(inputs)
-            got[w].append(server.step(w, 7, **inputs))
+            got[w].append(server.step(w, 7, inputs))
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(num_workers)]
     for t in threads:
@@ -104,7 +104,7 @@ def test_a_worker_gets_the_actions_of_the_step_that_fills_an_unroll_while_the_le
 
     def worker():
         for _ in range(7):
-            answered.append(server.step(0, 1, **worker_inputs(rng, 4)))
+            answered.append(server.step(0, 1, worker_inputs(rng, 4)))
 
     thread = threading.Thread(target=worker)
     thread.start()
@@ -136,7 +136,7 @@ def _sampling_server(key, unrolls):
     server.start()
     rng = np.random.default_rng(0)
     for _ in range(6):
-        server.step(0, 1, **worker_inputs(rng, 4))
+        server.step(0, 1, worker_inputs(rng, 4))
     stop.set()
     server.join(5)
     return unrolls[0]["u"]  # [6 batches, 4 envs]
@@ -154,7 +154,7 @@ def test_bad_shapes_are_refused_with_a_clear_error():
     inputs = worker_inputs(np.random.default_rng(0), 4)
     inputs["obs"] = inputs["obs"][:, :2]
     try:
-        server.step(0, 1, **inputs)
+        server.step(0, 1, inputs)
     except ValueError as e:
         assert "obs has shape (4, 2), expected (4, 3)" in str(e)
     else:

@@ -85,7 +85,7 @@ def filled(steps=40, restart_at=16):
             if i == restart_at:
                 envs[0] = SlotEnvs(0, 2, rng)  # A new process: new run id, every env first.
             for w, env in enumerate(envs):
-                assert server.step(w, env.run_id, **env.step()) is not None
+                assert server.step(w, env.run_id, env.step()) is not None
     finally:
         stop.set()
         server.join(timeout=10)

@@ -55,7 +55,7 @@ def serve(builder, networks, params, num_workers, steps, overlap=1, rng_seed=0,
                             first=(rng.random(K) < 0.15) | (i == 0))
                 run_id = 1 if run_ids is None else run_ids(w, i)
                 inputs.append((w, run_id, step))
-                server.step(w, run_id, **step)
+                server.step(w, run_id, step)
     finally:
         server._stop.set()
         server.join(5)

@@ -35,10 +35,9 @@ class Inference:
     def shm_address(self):
         return self._address
 
-    def step(self, worker_id, run_id, obs, reward, terminated, truncated, first, episodes):
+    def step(self, worker_id, run_id, inputs, episodes):
         self.rpc_steps += 1
-        return self._server.step(worker_id, run_id, obs, reward, terminated, truncated, first,
-                                 episodes)
+        return self._server.step(worker_id, run_id, inputs, episodes)
 
 
 def _run_worker(server, address, stop: threading.Event, until) -> Inference:

@@ -12,20 +12,28 @@ first observation of a new episode with reward 0. The worker marks that observat
 `first=True`; learners drop the transition into a `first` observation, so nothing is ever
 learned across an episode boundary, while the last observation of a truncated episode is
 still there to bootstrap from.
+
+A multi-agent env (envs/multi_agent.py, e.g. PettingZoo's) is stepped the same way, its arrays
+keyed by agent flattened into named fields (`StepFormat`): `obs/<agent>`, `reward/<agent>`,
+`terminated/<agent>`, `truncated/<agent>`, `alive/<agent>`, the env's `first` and, where it
+has one, `global_state`; the actions come back as `action/<agent>`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from trellis.builders.contract.agent import ArraySpec
 from trellis.envs.factory import EnvFactory
+from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep, episode_done
 from trellis.envs.specs import EnvSpec
 from trellis.launch import runtime
 from trellis.launch.runtime import shm
@@ -33,26 +41,114 @@ from trellis.launch.runtime.node_context import StopEvent
 
 # The one-byte messages of a shared-memory step: the worker's request, the server's answers.
 REQUEST, ACTIONS, STOPPING, FAILED = 1, 2, 3, 4
-Step = Callable[..., np.ndarray | None]
+# step(inputs {field: [K, ...]}, episodes) -> the envs' actions, or None when stopping.
+Step = Callable[[dict[str, np.ndarray], list[tuple[float, ...]]], Any]
+Episode = tuple[float, ...]  # (return, length), then each agent's return if multi-agent.
 
 
-def shm_layout(spec: EnvSpec, num_envs: int) -> shm.Layout:
+@dataclasses.dataclass(frozen=True)
+class StepFormat:
+    """What an env worker and inference exchange per env and step, as named fields.
+
+    Single-agent: the inputs obs, reward, terminated, truncated, first; the action `action`.
+    Multi-agent (envs/multi_agent.py): `MultiAgentStep`'s fields flattened by agent,
+    `<field>/<agent>` (obs, reward, terminated, truncated, alive), then `first` and, where the
+    env has one, `global_state`; the actions `action/<agent>`. A finished episode is reported
+    as (return, length) and, multi-agent, each agent's return: its return is their mean.
+
+    Attributes:
+      inputs: {field: spec of one env's value}, in order.
+      actions: {field: spec of one env's action}.
+      agents: the agent ids (multi-agent), or ().
+    """
+
+    inputs: Mapping[str, ArraySpec]
+    actions: Mapping[str, ArraySpec]
+    agents: tuple[str, ...] = ()
+
+    @property
+    def multi_agent(self) -> bool:
+        return bool(self.agents)
+
+    @property
+    def episode_width(self) -> int:
+        """Numbers per finished episode: return, length, and each agent's return."""
+        return 2 + len(self.agents)
+
+    def env_actions(self, fields: Mapping[str, Any]) -> Any:
+        """The actions the envs take from the action fields: [K, ...], or {agent: [K, ...]}."""
+        if not self.multi_agent:
+            return fields["action"]
+        return {agent: fields[f"action/{agent}"] for agent in self.agents}
+
+    def action_fields(self, actions: Any) -> dict[str, Any]:
+        """The inverse of `env_actions`: the policy's actions as named fields."""
+        if not self.multi_agent:
+            return {"action": actions}
+        return {f"action/{agent}": actions[agent] for agent in self.agents}
+
+    def policy_obs(self, inputs: Mapping[str, Any]) -> Any:
+        """What the policy's `obs` argument is: the observations [N, ...], or, multi-agent,
+        the step's fields as a `MultiAgentStep` of {agent: [N, ...]} (its `first` and
+        `global_state` included)."""
+        if not self.multi_agent:
+            return inputs["obs"]
+
+        def per_agent(name: str) -> dict[str, Any]:
+            return {agent: inputs[f"{name}/{agent}"] for agent in self.agents}
+
+        return MultiAgentStep(
+            obs=per_agent("obs"), reward=per_agent("reward"),
+            terminated=per_agent("terminated"), truncated=per_agent("truncated"),
+            alive=per_agent("alive"), first=inputs["first"],
+            global_state=inputs.get("global_state"))
+
+    def flatten(self, step: MultiAgentStep) -> dict[str, np.ndarray]:
+        """A multi-agent env's step as the input fields."""
+        fields = {f"{name}/{agent}": getattr(step, name)[agent] for name in _PER_AGENT
+                  for agent in self.agents}
+        fields["first"] = step.first
+        if step.global_state is not None:
+            fields["global_state"] = step.global_state
+        return fields
+
+
+_PER_AGENT = ("obs", "reward", "terminated", "truncated", "alive")
+
+
+def step_format(spec: EnvSpec | MultiAgentSpec) -> StepFormat:
+    """The fields of a worker's step for envs of `spec` (see `StepFormat`)."""
+    flag, reward = ArraySpec((), "bool"), ArraySpec((), "float32")
+    if isinstance(spec, EnvSpec):
+        return StepFormat(
+            {"obs": ArraySpec(spec.observation_shape, spec.observation_dtype), "reward": reward,
+             "terminated": flag, "truncated": flag, "first": flag},
+            {"action": ArraySpec(spec.action_shape, spec.action_dtype)})
+    per_agent = {"obs": lambda s: ArraySpec(s.observation_shape, s.observation_dtype),
+                 "reward": lambda s: reward, "terminated": lambda s: flag,
+                 "truncated": lambda s: flag, "alive": lambda s: flag}
+    inputs = {f"{name}/{agent}": per_agent[name](spec.specs[agent]) for name in _PER_AGENT
+              for agent in spec.agents}
+    inputs["first"] = flag
+    if spec.global_state_shape is not None:
+        inputs["global_state"] = ArraySpec(spec.global_state_shape, "float32")
+    actions = {f"action/{agent}": ArraySpec(s.action_shape, s.action_dtype)
+               for agent, s in spec.specs.items()}
+    return StepFormat(inputs, actions, spec.agents)
+
+
+def shm_layout(spec: EnvSpec | MultiAgentSpec, num_envs: int) -> shm.Layout:
     """The shared slots of one worker: its step's inputs, finished episodes, the actions back.
 
-    `episodes` holds (return, length) of the episodes that ended, in its first `num_episodes`
-    rows.
+    `episodes` holds the episodes that ended (`StepFormat.episode_width` numbers each), in its
+    first `num_episodes` rows.
     """
-    k = num_envs
-    return {
-        "obs": ((k, *spec.observation_shape), spec.observation_dtype),
-        "reward": ((k,), "float32"),
-        "terminated": ((k,), "bool"),
-        "truncated": ((k,), "bool"),
-        "first": ((k,), "bool"),
-        "episodes": ((k, 2), "float64"),
-        "num_episodes": ((), "int64"),
-        "action": ((k, *spec.action_shape), spec.action_dtype),
-    }
+    k, fmt = num_envs, step_format(spec)
+    layout = {name: ((k, *s.shape), s.dtype) for name, s in fmt.inputs.items()}
+    layout["episodes"] = ((k, fmt.episode_width), "float64")
+    layout["num_episodes"] = ((), "int64")
+    layout.update({name: ((k, *s.shape), s.dtype) for name, s in fmt.actions.items()})
+    return layout
 
 
 def pack_hello(worker_id: int, run_id: int) -> bytes:
@@ -74,21 +170,82 @@ class EpisodeTracker:
 
     def update(
         self, reward: np.ndarray, done: np.ndarray, first: np.ndarray
-    ) -> list[tuple[float, int]]:
+    ) -> list[Episode]:
         """Adds one step; returns (return, length) of the episodes that ended on it."""
         self._return = np.where(first, 0.0, self._return + reward)
         self._length = np.where(first, 0, self._length + 1)
         return [(float(self._return[i]), int(self._length[i])) for i in np.flatnonzero(done)]
 
 
+class AgentEpisodeTracker:
+    """Running return per agent and length per env of a multi-agent vector env; yields the
+    finished episodes as (mean of the agents' returns, length, each agent's return)."""
+
+    def __init__(self, num_envs: int, agents: Sequence[str]):
+        self._agents = tuple(agents)
+        self._return = np.zeros((num_envs, len(self._agents)), np.float64)
+        self._length = np.zeros(num_envs, np.int64)
+
+    def update(self, step: MultiAgentStep) -> list[Episode]:
+        """Adds one step; returns the episodes that ended on it (no agent acts any more)."""
+        reward = np.stack([step.reward[a] for a in self._agents], axis=1)
+        self._return = np.where(step.first[:, None], 0.0, self._return + reward)
+        self._length = np.where(step.first, 0, self._length + 1)
+        done = np.asarray(episode_done(step, self._agents)) & ~step.first
+        return [(float(self._return[i].mean()), int(self._length[i]),
+                 *(float(r) for r in self._return[i])) for i in np.flatnonzero(done)]
+
+
+class _GymnasiumEnvs:
+    """A Gymnasium vector env (next-step autoreset) as the fields of `StepFormat`."""
+
+    def __init__(self, envs: Any, num_envs: int):
+        self._envs = envs
+        self._episodes = EpisodeTracker(num_envs)
+        self._done = np.zeros(num_envs, bool)
+
+    def reset(self, seed: int) -> dict[str, np.ndarray]:
+        obs, _ = self._envs.reset(seed=seed)
+        k = len(self._done)
+        return {"obs": obs, "reward": np.zeros(k, np.float32), "terminated": np.zeros(k, bool),
+                "truncated": np.zeros(k, bool), "first": np.ones(k, bool)}
+
+    def step(self, actions: Any) -> tuple[dict[str, np.ndarray], list[Episode]]:
+        first = self._done  # The step after an episode's end is the next one's first.
+        obs, reward, terminated, truncated, _ = self._envs.step(np.asarray(actions))
+        reward = np.asarray(reward, np.float32)
+        self._done = terminated | truncated
+        finished = self._episodes.update(reward, self._done, first)
+        return {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated,
+                "first": first}, finished
+
+
+class _MultiAgentEnvs:
+    """A multi-agent vector env (`pettingzoo_envs.PettingZooVector`) as the fields of
+    `StepFormat`."""
+
+    def __init__(self, envs: Any, fmt: StepFormat, num_envs: int):
+        self._envs = envs
+        self._format = fmt
+        self._episodes = AgentEpisodeTracker(num_envs, fmt.agents)
+
+    def reset(self, seed: int) -> dict[str, np.ndarray]:
+        return self._format.flatten(self._envs.reset(seed=seed))
+
+    def step(self, actions: Any) -> tuple[dict[str, np.ndarray], list[Episode]]:
+        step = self._envs.step(actions)
+        return self._format.flatten(step), self._episodes.update(step)
+
+
 class EnvWorker:
     """Service node that steps `num_envs` envs against a remote (or local) inference server.
 
     Args:
-      env_factory: builds the vector env inside this process.
-      inference: client of a node with `step(worker_id, run_id, obs, reward, terminated,
-        truncated, first, episodes) -> actions` and `shm_address() -> str | None` (where its
-        shared-memory hub listens, if it has one).
+      env_factory: builds the vector env inside this process (single- or multi-agent).
+      inference: client of a node with `step(worker_id, run_id, inputs, episodes) -> actions`
+        (`inputs`: {field: [K, ...]} of `StepFormat`; `episodes`: those that finished on this
+        step) and `shm_address() -> str | None` (where its shared-memory hub listens, if it has
+        one).
       worker_id: index of this worker; the inference server owns its env slots.
       num_envs: K, the envs this worker steps in lockstep.
       seed: base seed of the first run; a restarted worker (see `runtime.restart_count`) seeds
@@ -123,23 +280,26 @@ class EnvWorker:
         seed = self._seed
         if restarts:
             seed = int(np.random.SeedSequence((self._seed, restarts)).generate_state(1)[0])
+        spec = self._factory.spec()
+        fmt = step_format(spec)
         envs = self._factory.make_vector(self._num_envs, seed=seed)
-        channel = self._shm_channel(run_id)
+        channel = self._shm_channel(run_id, spec)
         try:
             step = (self._socket_step(run_id) if channel is None
-                    else shm_step(channel, runtime.stop_event()))
-            self._loop(envs, step, seed)
+                    else shm_step(channel, fmt, runtime.stop_event()))
+            self._loop(_MultiAgentEnvs(envs, fmt, self._num_envs) if fmt.multi_agent
+                       else _GymnasiumEnvs(envs, self._num_envs), step, seed)
         finally:
             envs.close()
             if channel is not None:
                 channel.close()
 
-    def _shm_channel(self, run_id: int) -> shm.Channel | None:
+    def _shm_channel(self, run_id: int, spec: EnvSpec | MultiAgentSpec) -> shm.Channel | None:
         """Slots shared with the inference server, or None: it offers none, or they fail here."""
         address = self._inference.shm_address()
         if address is None:
             return None
-        layout = shm_layout(self._factory.spec(), self._num_envs)
+        layout = shm_layout(spec, self._num_envs)
         try:
             return shm.connect(address, layout, pack_hello(self._worker_id, run_id))
         except OSError as e:  # Another host, another network namespace, not enough memory.
@@ -148,33 +308,23 @@ class EnvWorker:
             return None
 
     def _socket_step(self, run_id: int) -> Step:
-        def step(obs, reward, terminated, truncated, first, episodes):
-            return self._inference.step(self._worker_id, run_id, obs, reward, terminated,
-                                        truncated, first, episodes)
+        def step(inputs, episodes):
+            return self._inference.step(self._worker_id, run_id, inputs, episodes)
         return step
 
-    def _loop(self, envs, step: Step, seed: int) -> None:
-        k = self._num_envs
-        obs, _ = envs.reset(seed=seed)
-        reward = np.zeros(k, np.float32)
-        terminated = np.zeros(k, bool)
-        truncated = np.zeros(k, bool)
-        first = np.ones(k, bool)
-        episodes = EpisodeTracker(k)
-        finished: list[tuple[float, int]] = []
+    def _loop(self, envs: _GymnasiumEnvs | _MultiAgentEnvs, step: Step, seed: int) -> None:
+        inputs = envs.reset(seed)
+        finished: list[Episode] = []
         stop = runtime.stop_event()
         while not stop.is_set():
-            actions = step(obs, reward, terminated, truncated, first, finished)
+            actions = step(inputs, finished)
             if actions is None:  # The server is shutting down.
                 return
-            first = terminated | truncated
-            obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions))
-            reward = np.asarray(reward, np.float32)
-            finished = episodes.update(reward, terminated | truncated, first)
-            self._steps += k
+            inputs, finished = envs.step(actions)
+            self._steps += self._num_envs
 
 
-def shm_step(channel: shm.Channel, stop: StopEvent) -> Step:
+def shm_step(channel: shm.Channel, fmt: StepFormat, stop: StopEvent) -> Step:
     """A step through shared slots: write them, wake the server, wait for its answer.
 
     The wait is bounded so that a stop is noticed; a server that died closes the channel,
@@ -182,12 +332,9 @@ def shm_step(channel: shm.Channel, stop: StopEvent) -> Step:
     """
     slots = channel.arrays
 
-    def step(obs, reward, terminated, truncated, first, episodes):
-        slots["obs"][:] = obs
-        slots["reward"][:] = reward
-        slots["terminated"][:] = terminated
-        slots["truncated"][:] = truncated
-        slots["first"][:] = first
+    def step(inputs, episodes):
+        for name, value in inputs.items():
+            slots[name][:] = value
         if episodes:
             slots["episodes"][:len(episodes)] = episodes
         slots["num_episodes"][...] = len(episodes)
@@ -205,6 +352,7 @@ def shm_step(channel: shm.Channel, stop: StopEvent) -> Step:
             return None
         if answer == FAILED:
             raise RuntimeError("inference failed on the learner node (see its traceback)")
-        return slots["action"].copy()  # The server writes the next actions into the slot.
+        # The server writes the next actions into the slots.
+        return fmt.env_actions({name: slots[name].copy() for name in fmt.actions})
 
     return step

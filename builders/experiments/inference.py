@@ -14,6 +14,13 @@ A recurrent policy's state lives here too, on the device, one row per env slot (
 jitted call that picks the actions also gathers the batch's rows and scatters the new state
 back, so the state never visits the host on the way; it is fetched only when an unroll
 starts, to be recorded with it.
+
+Multi-agent envs (envs/multi_agent.py) go through the same batch: a worker's step is the named
+fields of `env_worker.StepFormat` (`obs/<agent>`, ..., `first`), the policy gets them as one
+`MultiAgentStep` of {agent: [N, ...]} and answers {agent: [N, ...]} actions; a multi-agent
+agent's policy acts for each of its policies on that policy's agents stacked as extra rows
+(builders/contract/policy_mapping.py), so every policy runs once per batch, and its recurrent
+state, if any, is a row per env slot holding every agent's.
 """
 
 from __future__ import annotations
@@ -27,37 +34,47 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
 from trellis.builders.contract.agent import STATE_PREFIX, ArraySpec, Policy, State, state_specs
-from trellis.builders.experiments.env_worker import ACTIONS, FAILED, REQUEST, STOPPING, unpack_hello
+from trellis.builders.experiments.env_worker import (
+    ACTIONS,
+    FAILED,
+    REQUEST,
+    STOPPING,
+    StepFormat,
+    step_format,
+    unpack_hello,
+)
+from trellis.envs.multi_agent import MultiAgentSpec
 from trellis.envs.specs import EnvSpec
 from trellis.launch.runtime import shm
 
-Episodes = Sequence[tuple[float, int]]
-_INPUTS = ("obs", "reward", "terminated", "truncated", "first")
+Episodes = Sequence[tuple[float, ...]]
 
 
-def step_specs(spec: EnvSpec, extras: Mapping[str, ArraySpec],
+def step_specs(spec: EnvSpec | MultiAgentSpec, extras: Mapping[str, ArraySpec],
                initial_state: Mapping[str, np.ndarray] | None = None) -> dict[str, ArraySpec]:
     """The fields of one recorded step, as stored in unrolls.
 
-    How the observation was reached (reward, terminated, truncated, first), what the policy
-    did there (action, extras) and, for a stateful policy, the fields `state/<name>` of its
-    state (`Builder.initial_state` rows give their specs), recorded once per unroll.
+    What the env worker sent (`env_worker.StepFormat.inputs`: the observation and how it was
+    reached: reward, terminated, truncated, first; multi-agent, those per agent with `alive`,
+    and the global state), what the policy did there (the action fields, extras) and, for a
+    stateful policy, the fields `state/<name>` of its state (`Builder.initial_state` rows give
+    their specs), recorded once per unroll.
     """
-    return {
-        "obs": ArraySpec(spec.observation_shape, spec.observation_dtype),
-        "reward": ArraySpec((), "float32"),
-        "terminated": ArraySpec((), "bool"),
-        "truncated": ArraySpec((), "bool"),
-        "first": ArraySpec((), "bool"),
-        "action": ArraySpec(spec.action_shape, spec.action_dtype),
-        **extras,
-        **state_specs(initial_state or {}),
-    }
+    fmt = step_format(spec)
+    return {**fmt.inputs, **fmt.actions, **extras, **state_specs(initial_state or {})}
+
+
+def _single_agent_format(specs: Mapping[str, ArraySpec]) -> StepFormat:
+    """The step format of a single-agent env's recorded fields (`step_specs`)."""
+    return StepFormat({name: specs[name] for name in
+                       ("obs", "reward", "terminated", "truncated", "first")},
+                      {"action": specs["action"]})
 
 
 @dataclasses.dataclass
@@ -74,7 +91,7 @@ class _Request:
     data: dict[str, np.ndarray]
     channel: shm.Channel | None = None
     done: threading.Event | None = None  # The RPC path's wake-up (`step` makes one).
-    actions: np.ndarray | None = None
+    actions: dict[str, np.ndarray] | None = None  # The action fields (`StepFormat.actions`).
     error: BaseException | None = None
 
     def finish(self) -> None:
@@ -82,7 +99,8 @@ class _Request:
             self.done.set()
             return
         if self.error is None and self.actions is not None:
-            self.channel.arrays["action"][...] = self.actions
+            for name, value in self.actions.items():
+                self.channel.arrays[name][...] = value
         answer = (FAILED if self.error is not None else
                   STOPPING if self.actions is None else ACTIONS)
         with contextlib.suppress(OSError):  # A worker that died meanwhile needs no answer.
@@ -236,6 +254,9 @@ class InferenceServer:
       on_steps: called with (env steps, finished episodes) for each request, from either path.
       shared_memory: the layout of each worker's shared slots (`env_worker.shm_layout`) to
         serve them through a `launch.shm.Hub`; None: the `step` RPC only.
+      step_format: what the workers send and get back (`env_worker.step_format` of the env's
+        spec); None: a single-agent env's, from `specs`. Multi-agent, the policy's `obs` is
+        the step's `MultiAgentStep` and its actions {agent: [N, ...]}.
     """
 
     def __init__(
@@ -255,7 +276,9 @@ class InferenceServer:
         overlap: int = 1,
         on_steps: Callable[[int, Episodes], None] | None = None,
         shared_memory: shm.Layout | None = None,
+        step_format: StepFormat | None = None,
     ):
+        self._format = step_format or _single_agent_format(specs)
         self._params = params
         self._key = jax.device_get(key)  # On the host, the same for every call (see `_act`).
         self._count = 0  # Batches served: folded into the key.
@@ -270,7 +293,7 @@ class InferenceServer:
         # to the policy (a prefix of a C-contiguous array is one too). Padding rows keep what
         # an earlier batch left there; their outputs are dropped.
         self._inputs = {name: self._specs[name].zeros((self._batch_sizes[-1],))
-                        for name in _INPUTS}
+                        for name in self._format.inputs}
         self._timeout_s = timeout_s
         self._stop = stop
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -328,31 +351,36 @@ class InferenceServer:
         self,
         worker_id: int,
         run_id: int,
-        obs: np.ndarray,
-        reward: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-        first: np.ndarray,
+        inputs: Mapping[str, np.ndarray],
         episodes: Episodes = (),
-    ) -> np.ndarray | None:
+    ) -> Any:
         """Called by env worker `worker_id` (any thread); blocks until its actions are ready.
 
+        Args:
+          worker_id, run_id: who steps; a new run id resets the worker's slots.
+          inputs: {field: [K, ...]} for every input of the step format (single-agent: obs,
+            reward, terminated, truncated, first).
+          episodes: those that finished on this step (`env_worker.Episode`).
+
         Returns:
-          actions [K, ...], or None once the server is stopping.
+          The envs' actions: [K, ...], or {agent: [K, ...]} for a multi-agent env; None once
+          the server is stopping.
 
         Raises:
-          ValueError: worker_id out of range or arrays of the wrong shape (nothing recorded).
+          ValueError: worker_id out of range, or inputs missing or of the wrong shape (nothing
+            recorded).
         """
         if not 0 <= worker_id < self._num_workers:
             raise ValueError(f"worker_id {worker_id} not in [0, {self._num_workers})")
-        data = {"obs": obs, "reward": reward, "terminated": terminated,
-                "truncated": truncated, "first": first}
-        for name, value in data.items():
+        data = {}
+        for name in self._format.inputs:
+            value = inputs.get(name)
             expected = (self._k,) + self._specs[name].shape
-            if np.shape(value) != expected:
-                raise ValueError(
-                    f"worker {worker_id}: {name} has shape {np.shape(value)}, expected {expected}"
-                )
+            if value is None or np.shape(value) != expected:
+                raise ValueError(f"worker {worker_id}: {name} has shape "
+                                 f"{None if value is None else np.shape(value)}, expected "
+                                 f"{expected}")
+            data[name] = value
         self._on_steps(self._k, episodes)
         done = threading.Event()
         request = _Request(worker_id, run_id, data, done=done)
@@ -364,7 +392,7 @@ class InferenceServer:
                 return None
         if request.error is not None:
             raise RuntimeError("inference failed") from request.error
-        return request.actions
+        return None if request.actions is None else self._format.env_actions(request.actions)
 
     def _gather(self) -> list[_Request]:
         batch = self._pending or self._ready(0.05)
@@ -391,7 +419,8 @@ class InferenceServer:
     def _shm_request(self, channel: shm.Channel) -> _Request | None:
         worker_id, run_id = unpack_hello(channel.hello)
         slots = channel.arrays
-        request = _Request(worker_id, run_id, {name: slots[name] for name in _INPUTS}, channel)
+        request = _Request(worker_id, run_id,
+                           {name: slots[name] for name in self._format.inputs}, channel)
         if not 0 <= worker_id < self._num_workers:  # The RPC path raises ValueError here.
             request.error = ValueError(f"worker_id {worker_id} not in [0, {self._num_workers})")
             request.finish()
@@ -419,8 +448,8 @@ class InferenceServer:
         batch count is not advanced.
         """
         for n in self._batch_sizes:
-            args = (self._params, self._key, np.uint32(0), self._inputs["obs"][:n],
-                    self._inputs["first"][:n])
+            obs = self._format.policy_obs({name: v[:n] for name, v in self._inputs.items()})
+            args = (self._params, self._key, np.uint32(0), obs, self._inputs["first"][:n])
             if self._state:
                 slots = np.full(n, self._num_workers * self._k, np.int32)
                 self._state = self._act(*args, slots, self._state)[2]
@@ -453,11 +482,13 @@ class InferenceServer:
         for i, request in enumerate(batch):
             for name, value in request.data.items():
                 inputs[name][i * k:(i + 1) * k] = value
-        actions, extras, state_rows = self._act_on(batch, inputs["obs"], inputs["first"])
+        actions, extras, state_rows = self._act_on(batch, self._format.policy_obs(inputs),
+                                                   inputs["first"])
+        actions = self._format.action_fields(actions)
         # Answer first: the workers step their envs while this thread records (from `inputs`,
         # since they overwrite their slots once answered).
         for i, request in enumerate(batch):
-            request.actions = actions[i * k:(i + 1) * k]
+            request.actions = {name: v[i * k:(i + 1) * k] for name, v in actions.items()}
             request.finish()
         host_rows: list[dict[str, np.ndarray]] = []  # The state rows, once fetched.
 
@@ -469,14 +500,14 @@ class InferenceServer:
         for i, request in enumerate(batch):
             rows = slice(i * k, (i + 1) * k)
             step = {name: v[rows] for name, v in inputs.items()}
-            step["action"] = request.actions
+            step.update(request.actions)
             step.update({name: v[rows] for name, v in extras.items()})
             self._recorder.record(request.worker_id, request.run_id, step,
                                   state=functools.partial(rows_of, rows))
         self.batches += 1
         self.steps += n
 
-    def _act_on(self, batch: list[_Request], obs: np.ndarray, first: np.ndarray):
+    def _act_on(self, batch: list[_Request], obs: Any, first: np.ndarray):
         """The policy on one padded batch: (actions, extras) on the host (one transfer for
         both) and, for a stateful policy, the state rows it started from (on the device).
 
@@ -488,7 +519,7 @@ class InferenceServer:
             outputs = self._act(self._params, self._key, count, obs, first)
             return *jax.device_get(outputs), None
         k = self._k
-        slots = np.full(len(obs), self._num_workers * k, np.int32)
+        slots = np.full(len(first), self._num_workers * k, np.int32)
         for i, request in enumerate(batch):
             worker_slots = self._slots[request.worker_id]
             slots[i * k:(i + 1) * k] = worker_slots

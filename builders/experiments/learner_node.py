@@ -26,7 +26,7 @@ from trellis.builders.contract.agent import (
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
-from trellis.builders.experiments.env_worker import shm_layout
+from trellis.builders.experiments.env_worker import shm_layout, step_format
 from trellis.builders.experiments.feeds import ReplayFeed, UnrollFeed, agent_table, unroll_queue
 from trellis.builders.experiments.inference import InferenceServer, step_specs
 from trellis.builders.experiments.stop import StopRule
@@ -180,6 +180,7 @@ class LearnerNode:
             on_steps=self._counter.add_env_steps,
             shared_memory=(shm_layout(spec, config.envs_per_actor)
                            if config.transport == "shm" else None),
+            step_format=step_format(spec),
         )
         self._finite = FiniteCheck()
         self._startup = StartupTimes(self._counter.snapshot())
@@ -188,19 +189,17 @@ class LearnerNode:
 
     # --- RPCs -------------------------------------------------------------------------
 
-    def step(self, worker_id, run_id, obs, reward, terminated, truncated, first, episodes):
+    def step(self, worker_id, run_id, inputs, episodes):
         """One env-worker step: counts it and its finished episodes, returns the actions.
 
         Args:
-          worker_id, run_id, obs, reward, terminated, truncated, first: as for
-            `InferenceServer.step`.
-          episodes: (return, length) of each episode that finished in this step.
+          worker_id, run_id, inputs: as for `InferenceServer.step`.
+          episodes: (return, length, ...) of each episode that finished in this step.
 
         Returns:
           The actions for the worker's envs, or None when the program is stopping.
         """
-        return self._inference.step(
-            worker_id, run_id, obs, reward, terminated, truncated, first, episodes)
+        return self._inference.step(worker_id, run_id, inputs, episodes)
 
     def shm_address(self) -> str | None:
         """Where env workers on this host connect their shared-memory slots (None: use `step`)."""
