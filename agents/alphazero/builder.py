@@ -1,0 +1,73 @@
+"""AlphaZero builder: the one place that wires the network, the search, the learning and the
+self-play loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from trellis.agents.alphazero.baselines import Player
+from trellis.agents.alphazero.config import AlphaZeroConfig
+from trellis.agents.alphazero.learner import make_training
+from trellis.agents.alphazero.networks import PolicyValueNet, make_networks
+from trellis.agents.alphazero.search import make_search, masked_logits
+from trellis.agents.alphazero.self_play import make_self_play
+from trellis.agents.common import AgentBuilder
+from trellis.builders.contract.agent import SELF_PLAY, Capabilities, Learner, Training
+from trellis.envs.specs import EnvSpec
+
+
+class AlphaZeroBuilder(AgentBuilder):
+    """Builder for AlphaZero on a two-player pgx game (`--env=pgx:GAME --platform=anakin`).
+
+    Its "observations" are pgx's game states (a pytree with the observation from the player
+    to move, who moves, the legal moves): the search steps the game itself.
+    """
+
+    config: AlphaZeroConfig
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(SELF_PLAY, anakin=True)
+
+    def make_networks(self, spec: EnvSpec) -> PolicyValueNet:
+        return make_networks(spec, self.config.hidden_sizes)
+
+    def make_policy(self, networks: PolicyValueNet, evaluation: bool = False):
+        """`policy(params, key, games, state, first)`: the network's own move, without search
+        (its most likely legal move, or a sample when not evaluating); `make_search_player`
+        is the player that searches."""
+
+        def policy(params, key, games, state, first):
+            del first  # Feed-forward.
+            logits, _ = networks.apply(params, games.observation)
+            logits = masked_logits(logits, games.legal_action_mask)
+            action = (jnp.argmax(logits, axis=-1) if evaluation
+                      else jax.random.categorical(key, logits))
+            return action, {}, state
+
+        return policy
+
+    def make_search_player(self, networks: PolicyValueNet, env: Any, params: Any) -> Player:
+        """`player(key, games) -> action` searching with `params`, without exploration noise
+        (agents/alphazero/baselines.py plays it against the baselines)."""
+        search = make_search(env, networks, self.config, evaluation=True)
+        return lambda key, games: search(params, key, games).action
+
+    def make_training(self, networks: PolicyValueNet, spec: EnvSpec) -> Training:
+        return make_training(networks, spec, self.config)
+
+    def make_self_play(self, networks: PolicyValueNet, spec: EnvSpec, env: Any):
+        """`(init(key) -> state, iterate(state) -> (state, metrics))`: self-play, replay and
+        learning in one pure function (agents/alphazero/self_play.py)."""
+        return make_self_play(env, networks, self.make_training(networks, spec), self.config)
+
+    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,
+                     devices: Sequence[jax.Device] | None = None,
+                     replay: Any = None) -> Learner:
+        raise NotImplementedError(
+            "AlphaZero learns inside its self-play program (--platform=anakin); it has no "
+            "learner node")

@@ -1,0 +1,166 @@
+"""Self-play and learning as one pure function of the state: nothing steps per move in Python.
+
+`iterate(state) -> (state, metrics)` plays `unroll_length` moves of `batch_size` games side by
+side, every move chosen by the search (agents/alphazero/search.py); a finished game restarts
+at once. A position's outcome is known only when its game ends, so each iteration's moves wait
+for the next iteration's (a game ends within them when it is no longer than `unroll_length`
+moves): then their (observation, search policy, outcome for the player to move) go into the
+replay on the device, and `updates_per_iteration` SGD steps follow on positions sampled from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from trellis.agents.alphazero.config import AlphaZeroConfig
+from trellis.agents.alphazero.losses import value_targets
+from trellis.agents.alphazero.search import make_search
+from trellis.agents.common.training import TrainingState
+from trellis.builders.contract.agent import Training
+
+
+@flax.struct.dataclass
+class Replay:
+    """A ring of positions: obs [N, ...], policy [N, A], value [N], weight [N]; `next` is
+    where the next position goes, `size` how many are held."""
+
+    items: dict[str, jax.Array]
+    next: jax.Array
+    size: jax.Array
+
+
+def replay_init(capacity: int, example: Mapping[str, jax.Array]) -> Replay:
+    """An empty replay of `capacity` positions shaped like `example`'s ([...] per position)."""
+    items = {k: jnp.zeros((capacity, *v.shape), v.dtype) for k, v in example.items()}
+    return Replay(items, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def replay_add(replay: Replay, items: Mapping[str, jax.Array]) -> Replay:
+    """Adds the positions of `items` ([M, ...]) whose weight is positive, oldest overwritten.
+
+    All M rows are written, kept ones first; only the kept ones count (`next`, `size`): the
+    others lie where the next positions will go.
+    """
+    capacity = replay.items["weight"].shape[0]
+    keep = items["weight"] > 0
+    order = jnp.argsort(~keep, stable=True)  # Kept rows first, in their order.
+    rows = (replay.next + jnp.arange(keep.shape[0])) % capacity
+    stored = {k: replay.items[k].at[rows].set(v[order]) for k, v in items.items()}
+    kept = keep.sum(dtype=jnp.int32)
+    return Replay(stored, (replay.next + kept) % capacity,
+                  jnp.minimum(replay.size + kept, capacity))
+
+
+def replay_sample(replay: Replay, key: jax.Array, batch_size: int) -> dict[str, jax.Array]:
+    """`batch_size` positions drawn uniformly (with replacement) from those held."""
+    index = jax.random.randint(key, (batch_size,), 0, jnp.maximum(replay.size, 1))
+    return {k: v[index] for k, v in replay.items.items()}
+
+
+@flax.struct.dataclass
+class Moves:
+    """Moves of the games side by side, [T, B, ...]: the position (observation, who moves),
+    the search's policy there, and what the move gave (rewards, whether the game ended)."""
+
+    obs: jax.Array
+    player: jax.Array
+    policy: jax.Array
+    rewards: jax.Array
+    terminated: jax.Array
+
+
+@flax.struct.dataclass
+class SelfPlayState:
+    """Everything the loop carries: learning, the games being played, the replay, the last
+    iteration's moves (outcomes pending; `pending_valid` False before the first), counts."""
+
+    train: TrainingState
+    games: Any  # pgx's State, batched [B].
+    replay: Replay
+    pending: Moves
+    pending_valid: jax.Array
+    key: jax.Array
+    moves: jax.Array  # Moves played (env steps), all games.
+    games_finished: jax.Array
+
+
+def make_self_play(env: Any, network: Any, training: Training, config: AlphaZeroConfig
+                   ) -> tuple[Callable[[jax.Array], SelfPlayState],
+                              Callable[[SelfPlayState], tuple[SelfPlayState, dict]]]:
+    """`init(key) -> SelfPlayState` and `iterate(state) -> (state, metrics)` (see the module's
+    docstring), pure and jittable."""
+    search = make_search(env, network, config)
+    update = training.make_update(None)
+    num_games, num_moves = config.batch_size, config.unroll_length
+
+    def new_games(key):
+        return jax.vmap(env.init)(jax.random.split(key, num_games))
+
+    def move(games, key):
+        search_key, reset_key = jax.random.split(key)
+        params, games = games
+        out = search(params, search_key, games)
+        after = jax.vmap(env.step)(games, out.action)
+        record = Moves(games.observation, games.current_player, out.action_weights,
+                       after.rewards, after.terminated)
+        # Finished games restart at once.
+        fresh = new_games(reset_key)
+        over = after.terminated
+        after = jax.tree.map(
+            lambda f, a: jnp.where(over.reshape(over.shape + (1,) * (a.ndim - 1)), f, a),
+            fresh, after)
+        return (params, after), record
+
+    def init(key: jax.Array) -> SelfPlayState:
+        train_key, games_key, moves_key, key = jax.random.split(key, 4)
+        games = new_games(games_key)
+        _, pending = jax.eval_shape(
+            lambda: jax.lax.scan(move, (training.init(train_key).params, games),
+                                 jax.random.split(moves_key, num_moves)))
+        pending = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), pending)
+        example = {"obs": pending.obs[0, 0], "policy": pending.policy[0, 0],
+                   "value": jnp.zeros((), jnp.float32), "weight": jnp.zeros((), jnp.float32)}
+        zero = jnp.zeros((), jnp.int32)
+        return SelfPlayState(training.init(train_key), games,
+                             replay_init(config.replay_size, example), pending,
+                             jnp.zeros((), bool), key, zero, zero)
+
+    def learn(train, replay, key):
+        def sgd(train, key):
+            return update(train, replay_sample(replay, key, config.sample_batch_size))
+
+        train, metrics = jax.lax.scan(sgd, train,
+                                      jax.random.split(key, config.updates_per_iteration))
+        return train, jax.tree.map(jnp.mean, metrics)
+
+    def iterate(state: SelfPlayState) -> tuple[SelfPlayState, dict[str, jax.Array]]:
+        key, play_key, learn_key = jax.random.split(state.key, 3)
+        (_, games), moves = jax.lax.scan(move, (state.train.params, state.games),
+                                         jax.random.split(play_key, num_moves))
+        # The pending moves' games end in these moves (or earlier) when no longer than T.
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), state.pending, moves)
+        values, known = value_targets(both.rewards, both.terminated, both.player)
+        pending = state.pending
+        positions = {"obs": pending.obs, "policy": pending.policy, "value": values[:num_moves],
+                     "weight": (known[:num_moves] & state.pending_valid).astype(jnp.float32)}
+        replay = replay_add(state.replay, jax.tree.map(
+            lambda x: x.reshape((-1, *x.shape[2:])), positions))
+        ready = replay.size >= config.min_replay_size
+        zeros = {name: jnp.zeros((), jnp.float32)
+                 for name in ("loss", "policy_loss", "value_loss")}
+        train, metrics = jax.lax.cond(ready, learn, lambda t, r, k: (t, zeros),
+                                      state.train, replay, learn_key)
+        finished = moves.terminated.sum(dtype=jnp.int32)
+        state = SelfPlayState(train, games, replay, moves, jnp.ones((), bool), key,
+                              state.moves + num_moves * num_games,
+                              state.games_finished + finished)
+        metrics.update(replay_size=replay.size, self_play_games=finished,
+                       unknown_outcomes=(~known[:num_moves]).sum(dtype=jnp.int32))
+        return state, metrics
+
+    return init, iterate

@@ -1,0 +1,93 @@
+"""AlphaZero on a pgx game: trains for M minutes from launch, then plays each baseline.
+
+Usage: python benchmarks/alphazero.py --game=GAME --minutes=M [--games=100] [--seed=0]
+       [--keep_run=DIR] [run.py's flags for the agent, e.g. --num_simulations=32]
+
+`launch/run.py --agent=alphazero --platform=anakin --env=pgx:GAME` is started as a user starts
+it and stopped with Ctrl-C (SIGINT: a final checkpoint) M minutes after its launch, imports and
+compilation included; the checkpoint's search then plays `--games` games against each
+baseline of agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations,
+minimax on tic-tac-toe), half of them moving first. Prints a line per baseline, then one JSON
+line: {"vs_minimax": {"win", "draw", "loss"}, "vs_random": ..., "vs_mcts": ..., "train": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+
+from trellis.agents.alphazero import AlphaZeroBuilder
+from trellis.agents.alphazero.baselines import outcome_rates
+from trellis.builders.experiments.rundir import read_json
+from trellis.builders.experiments.self_play_run import restore_params
+from trellis.launch.flags import load_run
+
+SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.5", "--games=10", "--mcts_simulations=16",
+               "--unroll_length=9", "--num_simulations=8", "--eval_every_updates=0"]
+RUN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch",
+                      "run.py")
+
+
+def train(game: str, minutes: float, run_dir: str, flags: list[str]) -> dict:
+    """run.py for `minutes` from its launch, then SIGINT; its summary.json."""
+    command = [sys.executable, RUN_PY, "--agent=alphazero", "--platform=anakin",
+               f"--env=pgx:{game}", f"--logdir={run_dir}", "--quiet",
+               "--total_env_steps=1000000000", *flags]
+    launched = time.monotonic()
+    process = subprocess.Popen(command)
+    try:
+        process.wait(timeout=minutes * 60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        process.wait()
+    summary_path = os.path.join(run_dir, "summary.json")
+    if not os.path.exists(summary_path):
+        raise SystemExit(f"alphazero.py: run.py exited with {process.returncode} and no "
+                         f"summary after {time.monotonic() - launched:.0f} s")
+    return read_json(summary_path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--game", default="tic_tac_toe", help="a pgx two-player game id")
+    p.add_argument("--minutes", type=float, default=10.0, help="training time from launch")
+    p.add_argument("--games", type=int, default=100, help="games against each baseline")
+    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation games")
+    p.add_argument("--keep_run", default=None, help="keep the run directory here")
+    args, flags = p.parse_known_args()
+    with tempfile.TemporaryDirectory() as runs:
+        run_dir = args.keep_run or os.path.join(runs, "run")
+        summary = train(args.game, args.minutes, run_dir, flags)
+        settings = load_run(run_dir)
+        builder, env_factory = settings.build()
+        assert isinstance(builder, AlphaZeroBuilder)
+        program, params, step, _ = restore_params(builder, env_factory,
+                                                  settings.experiment.seed, run_dir)
+    baselines = ["random", "mcts"] + (["minimax"] if args.game == "tic_tac_toe" else [])
+    out: dict = {"game": args.game, "minutes": args.minutes, "games": args.games,
+                 "mcts_simulations": builder.config.mcts_simulations,
+                 "train": {k: summary.get(k) for k in (
+                     "stopped_by", "wall_time_s", "env_steps", "learner_steps",
+                     "self_play_games", "env_steps_per_s", "steady_env_steps_per_s")}}
+    for i, name in enumerate(baselines):
+        started = time.monotonic()
+        outcomes = program.outcomes(params, name, jax.random.key(args.seed + i), args.games,
+                                    builder.config.mcts_simulations)
+        rates = outcome_rates(outcomes)
+        out[f"vs_{name}"] = rates
+        print(f"vs {name:<8} win {rates['win']:.2f}  draw {rates['draw']:.2f}  loss "
+              f"{rates['loss']:.2f}  ({args.games} games, {time.monotonic() - started:.0f} s; "
+              f"checkpoint at {step:,d} moves)", flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Two-player self-play on the anakin platform: `SelfPlayRun` drives an agent whose learning
+is self-play with search on the device (`Capabilities(learns_from=SELF_PLAY)`: AlphaZero).
+
+Each `advance` is one compiled call of the agent's `iterate` (its `make_self_play`): moves of
+all games chosen by the search, positions into the replay on the device, SGD steps. Every
+`eval_every_updates` SGD steps (and once at the start of a session) the agent's search plays
+`eval_games` games against the agent's `eval_opponent` (agents/alphazero/baselines.py), half
+with each side moving first; metrics.jsonl gets the win, draw and loss rates, and the games'
+outcomes (1, 0, -1 for the agent) are the run's episode returns, so `mean_return`, the
+learning curve and `--stop_at_return` speak of the score against the baseline.
+
+The session's signals, run directory, checkpoints (the whole loop's state: params, optimizer,
+replay, games in progress), resume and stop rule are those of every platform; env steps are
+moves played.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from trellis.agents.alphazero.baselines import make_opponent, match, outcome_rates
+from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
+from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
+from trellis.builders.experiments.counter import CounterSnapshot
+from trellis.builders.experiments.execution import Ending, Execution, Report
+from trellis.builders.experiments.platforms import Platform, PopulationSettings
+from trellis.builders.experiments.stop import SIGNAL, StopRule
+
+
+def _check(builder: Any, env_factory: Any, settings: Platform) -> None:
+    if not isinstance(settings, PopulationSettings):
+        raise AnakinError(f"{type(builder).__name__} self-plays on the device: use "
+                          "--platform=anakin")
+    if settings.num_seeds != 1 or settings.pbt is not None:
+        raise AnakinError(f"{type(builder).__name__} trains one member: --num_seeds=1, no --pbt")
+    if not getattr(env_factory, "two_player_game", False):
+        raise AnakinError(f"{type(builder).__name__} self-plays two-player games, e.g. "
+                          f"--env=pgx:tic_tac_toe; {env_factory.env_id!r} is not one")
+
+
+class SelfPlayProgram:
+    """The agent's jitted self-play pieces for one game: `init`, `iterate`, and `evaluate`
+    (its search against a baseline).
+
+    Raises:
+      AnakinError: a baseline that does not play this game (minimax beyond tic-tac-toe).
+    """
+
+    def __init__(self, builder: Any, env_factory: Any):
+        self.env = env = env_factory.make()
+        spec = env_factory.spec()
+        self.builder, self.networks = builder, builder.make_networks(spec)
+        init, iterate = builder.make_self_play(self.networks, spec, env)
+        self.init, self.iterate = jax.jit(init), jax.jit(iterate)
+        self._matches: dict[tuple[str, int], Any] = {}
+
+    def outcomes(self, params: Any, opponent: str, key: jax.Array, num_games: int,
+                 mcts_simulations: int) -> np.ndarray:
+        """The search's outcomes (1, 0, -1) in `num_games` against `opponent`, half moving
+        first."""
+        play = self._matches.get((opponent, num_games))
+        if play is None:
+            try:
+                baseline = make_opponent(opponent, self.env, mcts_simulations)
+            except ValueError as e:
+                raise AnakinError(str(e)) from None
+            play = jax.jit(lambda p, k: match(
+                self.env, self.builder.make_search_player(self.networks, self.env, p),
+                baseline, k, num_games))
+            self._matches[(opponent, num_games)] = play
+        return np.asarray(play(params, key))
+
+
+def restore_params(builder: Any, env_factory: Any, seed: int, run_dir: str,
+                   step: int | None = None) -> tuple[SelfPlayProgram, Any, int, dict[str, Any]]:
+    """A self-play run's params from its checkpoint `step` (default: the newest).
+
+    Returns:
+      (the program, the params, the checkpoint's step, its progress).
+
+    Raises:
+      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+    """
+    program = SelfPlayProgram(builder, env_factory)
+    checkpointer = Checkpointer(checkpoint_dir(run_dir))
+    try:
+        step = checkpointer.latest_step() if step is None else step
+        state, progress = checkpointer.restore(program.init(jax.random.key(seed)), step)
+    finally:
+        checkpointer.close()
+    return program, state.train.params, step, progress
+
+
+class SelfPlayRun:
+    """The session's `Execution` of self-play (see the module's docstring).
+
+    Args:
+      builder, env_factory, config, run_dir: as for `session.run_experiment`.
+      stop_rule: the session's rule.
+      resume: (step, progress) of the checkpoint to continue from, or None.
+    """
+
+    def __init__(self, builder: Any, env_factory: Any, config: Any, run_dir: str,
+                 stop_rule: StopRule, resume: tuple[int, Mapping[str, Any]] | None):
+        # The session's clock starts with the process: imports and compilation count.
+        self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
+        self._config, self._agent, self._rule = config, builder.config, stop_rule
+        self._program = SelfPlayProgram(builder, env_factory)
+        self._state = self._program.init(jax.random.key(config.seed))
+        progress: Mapping[str, Any] = {}
+        self._checkpoints = functools.cache(
+            lambda: Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints))
+        if resume:
+            self._state, progress = self._checkpoints().restore(self._state, resume[0])
+        self._elapsed_before = float(progress.get("elapsed_s", 0.0))
+        self._resumes = int(progress.get("resumes", 0)) + 1 if resume else 0
+        self._episodes = int(progress.get("episodes", 0))
+        self._returns = collections.deque(progress.get("returns", []),
+                                          maxlen=config.return_window)
+        self._eval_key = jax.random.fold_in(jax.random.key(config.seed), 2)
+        self._next_eval = 0  # Learner steps: an evaluation at the start of every session.
+        self._metrics: Mapping[str, Any] = {}
+        self._steady: tuple[float, int] | None = None  # (time, moves) after compiling.
+        self._last: tuple[Report, CounterSnapshot, float] | None = None
+
+    def _snapshot(self) -> CounterSnapshot:
+        moves, steps = jax.device_get((self._state.moves, self._state.train.step))
+        return CounterSnapshot(
+            env_steps=int(moves), learner_steps=int(steps), episodes=self._episodes,
+            returns=tuple(self._returns), lengths=(),
+            elapsed_s=self._elapsed_before + time.monotonic() - self._started,
+            resumes=self._resumes)
+
+    def _evaluate(self, learner_steps: int) -> dict[str, Any]:
+        """Evaluation games if due: their outcomes join the returns; the record's fields."""
+        agent = self._agent
+        if not agent.eval_every_updates or learner_steps < self._next_eval:
+            return {}
+        self._next_eval = (learner_steps // agent.eval_every_updates + 1) * (
+            agent.eval_every_updates)
+        outcomes = self._program.outcomes(
+            self._state.train.params, agent.eval_opponent,
+            jax.random.fold_in(self._eval_key, learner_steps), agent.eval_games,
+            agent.mcts_simulations)
+        self._returns.extend(float(o) for o in outcomes)
+        self._episodes += len(outcomes)
+        return {"eval/opponent": agent.eval_opponent, "eval/learner_steps": learner_steps,
+                **{f"eval/{name}": rate for name, rate in outcome_rates(outcomes).items()}}
+
+    def _report(self, snapshot: CounterSnapshot, stopped_by: str | None,
+                fields: Mapping[str, Any]) -> Report:
+        now = time.monotonic()
+        steady_time, steady_moves = self._steady or (now, snapshot.env_steps)
+        stats = {**snapshot.stats(),
+                 **{k: float(np.asarray(v)) for k, v in self._metrics.items()},
+                 "env_steps_per_s": _rate(snapshot.env_steps - steady_moves, now - steady_time),
+                 "self_play_games": int(jax.device_get(self._state.games_finished))}
+        report = Report(stats, fields, stopped_by, record_now=bool(fields))
+        self._last = (report, snapshot, now)
+        return report
+
+    def advance(self, timeout_s: float) -> Report:
+        del timeout_s  # One compiled call: its length is the program's.
+        fields = self._evaluate(self._snapshot().learner_steps)
+        self._state, self._metrics = self._program.iterate(self._state)
+        snapshot = self._snapshot()  # Waits for the call.
+        if self._steady is None:  # After the first call, which compiled the program.
+            self._steady = (time.monotonic(), snapshot.env_steps)
+        return self._report(snapshot, self._rule(snapshot), fields)
+
+    def checkpoint(self) -> None:
+        snapshot = self._snapshot()
+        self._checkpoints().save(snapshot.env_steps, self._state, snapshot.progress())
+
+    def stop(self) -> Report:
+        return self._report(self._snapshot(), SIGNAL, {})
+
+    def finish(self) -> Ending:
+        assert self._last is not None
+        report, snapshot, stopped = self._last
+        self._checkpoints().save(snapshot.env_steps, self._state, snapshot.progress())
+        self._checkpoints().close()
+        steady_time, steady_moves = self._steady or (stopped, snapshot.env_steps)
+        fields = {"steady_env_steps_per_s": _rate(snapshot.env_steps - steady_moves,
+                                                  stopped - steady_time),
+                  "self_play_games": report.stats["self_play_games"]}
+        return Ending(130 if report.stopped_by == SIGNAL else 0, self._started, fields)
+
+
+def _rate(steps: int, seconds: float) -> float:
+    return round(steps / seconds, 1) if seconds > 0 else 0.0
+
+
+def execution(builder: Any, env_factory: Any, config: Any, run_dir: str, settings: Platform,
+              resume: tuple[int, Mapping[str, Any]] | None, quiet: bool = False) -> Execution:
+    """Self-play on anakin (the session's table's signature; nothing to be quiet about).
+
+    Raises:
+      AnakinError: another platform, a population, or an env that is not a two-player game.
+    """
+    del quiet
+    _check(builder, env_factory, settings)
+    return SelfPlayRun(builder, env_factory, config, run_dir, StopRule.of(config), resume)
