@@ -31,9 +31,9 @@ from typing import Any
 
 import jax
 
-from trellis.builders.contract.agent import EPISODES, REPLAY, UNROLLS, Builder
+from trellis.builders.contract.agent import EPISODES, REPLAY, SELF_PLAY, UNROLLS, Builder
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.builders.experiments import es_run
+from trellis.builders.experiments import es_run, self_play_run
 from trellis.builders.experiments.anakin_run import AnakinRun
 from trellis.builders.experiments.checkpointing import latest_checkpoint
 from trellis.builders.experiments.curves import finish_run_dir
@@ -269,6 +269,7 @@ EXECUTIONS: dict[str, Callable[..., Execution]] = {
     UNROLLS: _gradient_execution,
     REPLAY: _gradient_execution,
     EPISODES: es_run.execution,
+    SELF_PLAY: self_play_run.execution,
 }
 
 
