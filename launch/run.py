@@ -34,6 +34,7 @@ from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse, platfor
 
 def train(run: RunSettings, argv: Sequence[str]) -> int:
     """Runs the experiment of `run` (parsed from `argv`); returns the exit code (2: bad input)."""
+    from trellis.builders.contract.policy_mapping import PolicyMappingError
     from trellis.builders.experiments.anakin_run import AnakinError
     from trellis.builders.experiments.checkpointing import CheckpointError
     from trellis.builders.experiments.session import (
@@ -63,7 +64,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     except CheckpointError as e:
         print(f"run.py: error: --resume: {e}", file=sys.stderr)
         return 2
-    except (AnakinError, UnsupportedError) as e:
+    except (AnakinError, UnsupportedError, PolicyMappingError) as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return 2
     print(
