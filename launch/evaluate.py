@@ -27,7 +27,7 @@ import gymnasium as gym  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from trellis.builders.contract.agent import EPISODES  # noqa: E402
+from trellis.builders.contract.agent import EPISODES, SELF_PLAY  # noqa: E402
 from trellis.builders.experiments.anakin import play_episodes  # noqa: E402
 from trellis.builders.experiments.anakin_run import AnakinError, restore_member  # noqa: E402
 from trellis.builders.experiments.checkpointing import (  # noqa: E402
@@ -36,6 +36,7 @@ from trellis.builders.experiments.checkpointing import (  # noqa: E402
     checkpoint_dir,
 )
 from trellis.builders.experiments.evaluation import run_episodes, summarize  # noqa: E402
+from trellis.builders.experiments.self_play_run import restore_params  # noqa: E402
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, load_run  # noqa: E402
 
 
@@ -53,6 +54,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     p.add_argument("--member", type=int, default=0,
                    help="an anakin population's member to evaluate (default: the first)")
+    p.add_argument("--opponent", default=None,
+                   help="self-play runs (alphazero): the baseline the games are against "
+                   "(random, mcts, minimax; default: the run's eval_opponent)")
     p.add_argument("--video", default=None, metavar="DIR",
                    help="record the episodes as videos into DIR (one env, rgb_array rendering)")
     args = p.parse_args(argv)
@@ -151,12 +155,35 @@ def _evaluate_anakin(args: argparse.Namespace, settings: RunSettings) -> dict:
     return result
 
 
+def _evaluate_self_play(args: argparse.Namespace, settings: RunSettings) -> dict:
+    """A self-play run (alphazero): its search plays `--episodes` games against a baseline,
+    half moving first; the returns are the outcomes (1 win, 0 draw, -1 loss)."""
+    if args.video:
+        raise _Error("--video records Gymnasium envs; this run's game is written in JAX")
+    builder, env_factory = settings.build()
+    opponent = args.opponent or builder.config.eval_opponent
+    try:
+        program, params, step, progress = restore_params(
+            builder, env_factory, settings.experiment.seed, args.run_dir, args.step)
+        outcomes = program.outcomes(params, opponent, jax.random.key(args.seed),
+                                    args.episodes, builder.config.mcts_simulations)
+    except (AnakinError, CheckpointError) as e:
+        raise _Error(str(e)) from e
+    result = summarize(outcomes.tolist())
+    result.update(checkpoint_env_steps=step, learner_steps=progress.get("learner_steps"),
+                  opponent=opponent, win=float(np.mean(outcomes > 0)),
+                  draw=float(np.mean(outcomes == 0)), loss=float(np.mean(outcomes < 0)))
+    return result
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     """Restores, plays, and returns {return_mean, return_min, return_max, episodes, ...}."""
     try:
         settings = load_run(args.run_dir)
     except UsageError as e:
         raise _Error(str(e)) from e
+    if settings.build()[0].capabilities.learns_from == SELF_PLAY:
+        return _evaluate_self_play(args, settings)
     if settings.options.platform == ANAKIN:
         return _evaluate_anakin(args, settings)
     policy, initial_state, params, env_factory, step, progress = load_policy(args.run_dir,
