@@ -42,8 +42,8 @@ from trellis.launch.runtime.node_context import StopEvent
 # The one-byte messages of a shared-memory step: the worker's request, the server's answers.
 REQUEST, ACTIONS, STOPPING, FAILED = 1, 2, 3, 4
 # step(inputs {field: [K, ...]}, episodes) -> the envs' actions, or None when stopping.
-Step = Callable[[dict[str, np.ndarray], list[tuple[float, ...]]], Any]
-Episode = tuple[float, ...]  # (return, length), then each agent's return if multi-agent.
+Step = Callable[[dict[str, np.ndarray], list[tuple[float, int]]], Any]
+Episode = tuple[float, int]  # (return, length); multi-agent: the team's return (all agents').
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +53,10 @@ class StepFormat:
     Single-agent: the inputs obs, reward, terminated, truncated, first; the action `action`.
     Multi-agent (envs/multi_agent.py): `MultiAgentStep`'s fields flattened by agent,
     `<field>/<agent>` (obs, reward, terminated, truncated, alive), then `first` and, where the
-    env has one, `global_state`; the actions `action/<agent>`. A finished episode is reported
-    as (return, length) and, multi-agent, each agent's return: its return is their mean.
+    env has one, `global_state`; the actions `action/<agent>`, and the policy's extras, per
+    agent too, `<extra>/<agent>`. A finished episode is reported as (return, length),
+    multi-agent with the team's return, the sum over agents (as the anakin platform counts it,
+    envs/jax_multi_agent.TeamEnv).
 
     Attributes:
       inputs: {field: spec of one env's value}, in order.
@@ -70,11 +72,6 @@ class StepFormat:
     def multi_agent(self) -> bool:
         return bool(self.agents)
 
-    @property
-    def episode_width(self) -> int:
-        """Numbers per finished episode: return, length, and each agent's return."""
-        return 2 + len(self.agents)
-
     def env_actions(self, fields: Mapping[str, Any]) -> Any:
         """The actions the envs take from the action fields: [K, ...], or {agent: [K, ...]}."""
         if not self.multi_agent:
@@ -86,6 +83,39 @@ class StepFormat:
         if not self.multi_agent:
             return {"action": actions}
         return {f"action/{agent}": actions[agent] for agent in self.agents}
+
+    def extras_specs(self, extras: Mapping[str, ArraySpec]) -> dict[str, ArraySpec]:
+        """The recorded fields of the policy's extras: multi-agent, one per extra and agent."""
+        if not self.multi_agent:
+            return dict(extras)
+        return {f"{name}/{agent}": s for name, s in extras.items() for agent in self.agents}
+
+    def extras_fields(self, extras: Mapping[str, Any]) -> dict[str, Any]:
+        """The policy's extras as recorded fields: multi-agent, {name: {agent: [N, ...]}}
+        flattened to `<name>/<agent>`."""
+        if not self.multi_agent:
+            return dict(extras)
+        return {f"{name}/{agent}": v for name, per_agent in extras.items()
+                for agent, v in per_agent.items()}
+
+    def nest(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """Recorded unrolls {field: [T + 1, B, ...]} as a multi-agent learner takes them (and
+        the anakin program gives them): `obs` the `MultiAgentStep`, `first`, and every other
+        per-agent field {name: {agent: ...}} (`action`, the extras); fields of neither kind
+        (the policy's `state/` fields) as they are. Single-agent batches are unchanged."""
+        if not self.multi_agent:
+            return dict(batch)
+        nested: dict[str, Any] = {"obs": self.policy_obs(batch), "first": batch["first"]}
+        taken = set(self.inputs)
+        for name, value in batch.items():
+            prefix, _, agent = name.rpartition("/")
+            if name in taken:
+                continue
+            if agent in self.agents and prefix:
+                nested.setdefault(prefix, {})[agent] = value
+            else:
+                nested[name] = value
+        return nested
 
     def policy_obs(self, inputs: Mapping[str, Any]) -> Any:
         """What the policy's `obs` argument is: the observations [N, ...], or, multi-agent,
@@ -140,12 +170,12 @@ def step_format(spec: EnvSpec | MultiAgentSpec) -> StepFormat:
 def shm_layout(spec: EnvSpec | MultiAgentSpec, num_envs: int) -> shm.Layout:
     """The shared slots of one worker: its step's inputs, finished episodes, the actions back.
 
-    `episodes` holds the episodes that ended (`StepFormat.episode_width` numbers each), in its
-    first `num_episodes` rows.
+    `episodes` holds (return, length) of the episodes that ended, in its first `num_episodes`
+    rows.
     """
     k, fmt = num_envs, step_format(spec)
     layout = {name: ((k, *s.shape), s.dtype) for name, s in fmt.inputs.items()}
-    layout["episodes"] = ((k, fmt.episode_width), "float64")
+    layout["episodes"] = ((k, 2), "float64")
     layout["num_episodes"] = ((), "int64")
     layout.update({name: ((k, *s.shape), s.dtype) for name, s in fmt.actions.items()})
     return layout
@@ -177,23 +207,19 @@ class EpisodeTracker:
         return [(float(self._return[i]), int(self._length[i])) for i in np.flatnonzero(done)]
 
 
-class AgentEpisodeTracker:
-    """Running return per agent and length per env of a multi-agent vector env; yields the
-    finished episodes as (mean of the agents' returns, length, each agent's return)."""
+class TeamEpisodeTracker:
+    """The team's running return (the sum over agents) and length per env of a multi-agent
+    vector env; yields the finished episodes (no agent acts any more)."""
 
     def __init__(self, num_envs: int, agents: Sequence[str]):
         self._agents = tuple(agents)
-        self._return = np.zeros((num_envs, len(self._agents)), np.float64)
-        self._length = np.zeros(num_envs, np.int64)
+        self._episodes = EpisodeTracker(num_envs)
 
     def update(self, step: MultiAgentStep) -> list[Episode]:
-        """Adds one step; returns the episodes that ended on it (no agent acts any more)."""
-        reward = np.stack([step.reward[a] for a in self._agents], axis=1)
-        self._return = np.where(step.first[:, None], 0.0, self._return + reward)
-        self._length = np.where(step.first, 0, self._length + 1)
+        """Adds one step; returns (return, length) of the episodes that ended on it."""
+        reward = np.sum([step.reward[a] for a in self._agents], axis=0)
         done = np.asarray(episode_done(step, self._agents)) & ~step.first
-        return [(float(self._return[i].mean()), int(self._length[i]),
-                 *(float(r) for r in self._return[i])) for i in np.flatnonzero(done)]
+        return self._episodes.update(reward, done, step.first)
 
 
 class _GymnasiumEnvs:
@@ -227,7 +253,7 @@ class _MultiAgentEnvs:
     def __init__(self, envs: Any, fmt: StepFormat, num_envs: int):
         self._envs = envs
         self._format = fmt
-        self._episodes = AgentEpisodeTracker(num_envs, fmt.agents)
+        self._episodes = TeamEpisodeTracker(num_envs, fmt.agents)
 
     def reset(self, seed: int) -> dict[str, np.ndarray]:
         return self._format.flatten(self._envs.reset(seed=seed))

@@ -53,7 +53,7 @@ from trellis.envs.multi_agent import MultiAgentSpec
 from trellis.envs.specs import EnvSpec
 from trellis.launch.runtime import shm
 
-Episodes = Sequence[tuple[float, ...]]
+Episodes = Sequence[tuple[float, int]]
 
 
 def step_specs(spec: EnvSpec | MultiAgentSpec, extras: Mapping[str, ArraySpec],
@@ -67,7 +67,8 @@ def step_specs(spec: EnvSpec | MultiAgentSpec, extras: Mapping[str, ArraySpec],
     their specs), recorded once per unroll.
     """
     fmt = step_format(spec)
-    return {**fmt.inputs, **fmt.actions, **extras, **state_specs(initial_state or {})}
+    return {**fmt.inputs, **fmt.actions, **fmt.extras_specs(extras),
+            **state_specs(initial_state or {})}
 
 
 def _single_agent_format(specs: Mapping[str, ArraySpec]) -> StepFormat:
@@ -485,6 +486,7 @@ class InferenceServer:
         actions, extras, state_rows = self._act_on(batch, self._format.policy_obs(inputs),
                                                    inputs["first"])
         actions = self._format.action_fields(actions)
+        extras = self._format.extras_fields(extras)
         # Answer first: the workers step their envs while this thread records (from `inputs`,
         # since they overwrite their slots once answered).
         for i, request in enumerate(batch):

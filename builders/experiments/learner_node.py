@@ -164,6 +164,7 @@ class LearnerNode:
                        self._stop) if table is None
             else ReplayFeed(client, table.name, queue_spec.batch_size, self._stop))
         initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
+        self._format = step_format(spec)
         self._inference = InferenceServer(
             policy=builder.make_policy(networks),
             params=self._learner.params,
@@ -180,7 +181,7 @@ class LearnerNode:
             on_steps=self._counter.add_env_steps,
             shared_memory=(shm_layout(spec, config.envs_per_actor)
                            if config.transport == "shm" else None),
-            step_format=step_format(spec),
+            step_format=self._format,
         )
         self._finite = FiniteCheck()
         self._startup = StartupTimes(self._counter.snapshot())
@@ -194,7 +195,7 @@ class LearnerNode:
 
         Args:
           worker_id, run_id, inputs: as for `InferenceServer.step`.
-          episodes: (return, length, ...) of each episode that finished in this step.
+          episodes: (return, length) of each episode that finished in this step.
 
         Returns:
           The actions for the worker's envs, or None when the program is stopping.
@@ -279,7 +280,7 @@ class LearnerNode:
             batch = self._feed.next_batch()
             if batch is None or not self._config.learn:
                 continue
-            metrics = self._learner.step(batch)
+            metrics = self._learner.step(self._format.nest(batch))
             self._inference.set_params(self._learner.params)
             self._counter.add_learner_step()
             # Learner steps change only on this thread: this update is the snapshot's next.
