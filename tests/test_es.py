@@ -1,0 +1,257 @@
+"""Evolution strategies (issue 24): the OpenAI-ES math against numpy float64, common random
+numbers, the host path's wire cost and its agreement with anakin's, and learning."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trellis.agents.es import ESBuilder, ESConfig, losses
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.es_node import ESLearnerNode, ESWorker, state_checksum
+from trellis.builders.experiments.es_run import make_generation
+from trellis.builders.experiments.session import run_experiment
+from trellis.envs import make_env_factory
+from trellis.launch import run
+from trellis.launch.runtime import node_context, rpc
+
+
+def numpy_centered_ranks(x: np.ndarray) -> np.ndarray:
+    """The paper's code (openai/evolution-strategies-starter, es.py), in float64."""
+    ranks = np.empty(len(x), dtype=np.int64)
+    ranks[x.argsort(kind="stable")] = np.arange(len(x))
+    return ranks.astype(np.float64) / (x.size - 1) - 0.5
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_centered_ranks_match_numpy(jit):
+    fn = jax.jit(losses.centered_ranks) if jit else losses.centered_ranks
+    rng = np.random.default_rng(0)
+    for x in (rng.normal(size=37), np.array([3.0, 1.0, 2.0, 1.0, 5.0, 3.0]),
+              np.array([10.0, -2.0])):
+        np.testing.assert_allclose(np.asarray(fn(jnp.asarray(x, jnp.float32))),
+                                   numpy_centered_ranks(x), atol=1e-7)
+    # By hand: [3, 1, 2] ranks [2, 0, 1] -> [0.5, -0.5, 0].
+    np.testing.assert_allclose(np.asarray(fn(jnp.array([3.0, 1.0, 2.0]))), [0.5, -0.5, 0.0])
+
+
+def numpy_open_es(mean, noises, fitnesses, sigma, lr, weight_decay, eps,
+                  b1=0.9, b2=0.999):
+    """Salimans et al.'s update (antithetic pairs, centred ranks, L2, Adam), float64."""
+    mean = np.asarray(mean, np.float64)
+    m, v = np.zeros_like(mean), np.zeros_like(mean)
+    for t, (noise, fitness) in enumerate(zip(noises, fitnesses, strict=True), start=1):
+        shaped = numpy_centered_ranks(np.asarray(fitness, np.float64))
+        eps_i = np.empty((2 * len(noise), mean.size))
+        eps_i[0::2], eps_i[1::2] = noise, -noise  # Member 2j: +eps_j; 2j + 1: -eps_j.
+        gradient = shaped @ eps_i / (len(shaped) * sigma)
+        g = -gradient + weight_decay * mean
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        mean = mean - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+    return mean
+
+
+def test_open_es_update_matches_numpy():
+    config = ESConfig(population_size=10, sigma=0.05, learning_rate=0.01, weight_decay=0.01,
+                      hidden_sizes=(3,))
+    builder = ESBuilder(config)
+    networks = builder.make_networks(make_env_factory("CartPole-v1").spec())
+    search = builder.make_search(networks)
+    state = jax.jit(search.init)(jax.random.PRNGKey(3))
+    start = np.asarray(search.mean(state), np.float64)
+    rng = np.random.default_rng(1)
+    noises, fitnesses = [], []
+    pair_noise = jax.jit(losses.pair_noise, static_argnums=(2, 3))
+    ask, update = jax.jit(search.ask), jax.jit(search.update)
+    for _ in range(3):
+        noise = np.asarray(pair_noise(state.key, state.generation, 5, networks.num_params),
+                           np.float64)
+        population = np.asarray(ask(state), np.float64)
+        # The members are the mean plus and minus sigma times the pair's noise.
+        mean = np.asarray(search.mean(state), np.float64)
+        np.testing.assert_allclose(population[0::2], mean + 0.05 * noise, atol=1e-6)
+        np.testing.assert_allclose(population[1::2], mean - 0.05 * noise, atol=1e-6)
+        fitness = rng.normal(size=10).astype(np.float32)
+        state, metrics = update(state, {"fitness": jnp.asarray(fitness)})
+        noises.append(noise)
+        fitnesses.append(fitness)
+        assert float(metrics["fitness_max"]) == pytest.approx(float(fitness.max()))
+    expected = numpy_open_es(start, noises, fitnesses, 0.05, 0.01, 0.01, config.adam_eps)
+    np.testing.assert_allclose(np.asarray(search.mean(state)), expected, rtol=1e-5, atol=1e-6)
+    assert int(state.generation) == 3
+
+
+def test_member_noise_is_a_function_of_seed_generation_and_member():
+    """Common random numbers: member i's perturbation depends on (key, generation, i) only,
+    not on the population's size, and changes with the generation."""
+    spec = make_env_factory("CartPole-v1").spec()
+    small, large = (ESBuilder(ESConfig(population_size=n, hidden_sizes=(4,))) for n in (4, 16))
+    networks = small.make_networks(spec)
+    ask_4, ask_16 = (jax.jit(b.make_search(networks).ask) for b in (small, large))
+    state = jax.jit(small.make_search(networks).init)(jax.random.PRNGKey(7))
+    population_4, population_16 = np.asarray(ask_4(state)), np.asarray(ask_16(state))
+    np.testing.assert_array_equal(population_4, population_16[:4])
+    later = np.asarray(ask_4(state.replace(generation=state.generation + 1)))
+    assert not np.allclose(later, population_4)
+
+
+def _size(message) -> int:
+    payload, buffers = message
+    return len(payload) + sum(b.nbytes for b in buffers)
+
+
+def _host_generations(hidden, population, generations, monkeypatch):
+    """ES over real TCP RPC, in threads: an ES learner node that stops after `generations`
+    generations and two env workers, on Gymnasium's CartPole-v1.
+
+    Returns:
+      (the learner node, every call as (method, request bytes, reply bytes), the fitness
+      vectors the workers received by generation).
+    """
+    calls, told = [], {}
+    real_call = rpc.TcpClient._call
+
+    def counting_call(self, name, args, kwargs):
+        value = real_call(self, name, args, kwargs)
+        # What the client sent and the server answered, as the RPC layer frames them.
+        calls.append((name, _size(rpc._dumps((name, args, kwargs))),
+                      _size(rpc._dumps(("ok", value)))))
+        if name == "fitness" and value is not None:
+            told[args[0]] = np.asarray(value)
+        return value
+
+    monkeypatch.setattr(rpc.TcpClient, "_call", counting_call)
+    builder = ESBuilder(ESConfig(population_size=population, hidden_sizes=hidden))
+    factory = make_env_factory("CartPole-v1")
+    config = ExperimentConfig(num_actors=2, seed=5)
+    stop = threading.Event()
+
+    def bound(label, fn):
+        def run():
+            node_context.bind_thread(node_context.NodeContext(label, stop, lambda _: None))
+            fn()
+        return run
+
+    learner = None
+
+    def make_learner():
+        nonlocal learner
+        learner = ESLearnerNode(builder, factory, config, stop_rule=lambda snapshot: (
+            "budget" if snapshot.learner_steps >= generations else None))
+
+    bound("learner", make_learner)()
+    node_context.bind_thread(None)
+    address = rpc.TcpAddress("127.0.0.1", rpc.free_port(), b"es-test-secret")
+    server = rpc.TcpServer(learner, "learner", address)
+    workers = [ESWorker(builder, factory, rpc.TcpClient("learner", address), i, 2, 100 + i)
+               for i in range(2)]
+    threads = [threading.Thread(target=bound("learner", learner.run))]
+    threads += [threading.Thread(target=bound(f"actor/{i}", w.run))
+                for i, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    try:
+        threads[0].join(120)  # The learner stops itself after `generations`.
+        deadline = time.monotonic() + 30
+        while len(told) < generations and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        server.close()
+    assert not any(t.is_alive() for t in threads)
+    assert learner.stats()["generation"] == generations and sorted(told) == list(
+        range(generations))
+    return learner, calls, told
+
+
+@pytest.fixture(scope="module")
+def host_run():
+    """Three generations of the host path with a policy of D = 1,794 params (hidden 256)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield _host_generations((256,), 32, 3, monkeypatch)
+
+
+def test_generation_over_rpc_sends_scalars_only(host_run):
+    """What crosses the wire per generation is O(population) scalars, never a parameter
+    vector: only a (re)starting worker's one `search_state` carries the parameters. And the
+    workers' copies stay the learner's, bit for bit (no report was refused: no resync)."""
+    learner, calls, _ = host_run
+    vector_bytes = 4 * learner._learner.state.search.mean.size  # float32 [D]
+    assert vector_bytes > 7_000
+    assert learner.stats()["resyncs"] == 0
+    fetches = [c for c in calls if c[0] == "search_state"]
+    assert len(fetches) == 2  # One per worker, at its start.
+    assert all(reply > 2 * vector_bytes for _, _, reply in fetches)  # Mean + Adam's moments.
+    others = [c for c in calls if c[0] != "search_state"]
+    assert {name for name, _, _ in others} == {"report", "fitness"}
+    # A report: 16 members' returns (float64) and lengths (int64), their indices, the
+    # generation and the checksum; the fitness reply: 32 float32s. Pickle framing on top.
+    for name, request, reply in others:
+        if name == "report":
+            assert 3 * 16 * 8 < request < 3 * 16 * 8 + 600 and reply < 100, (request, reply)
+        else:
+            assert request < 200 and reply < 32 * 4 + 300, (request, reply)
+    print(f"D={vector_bytes // 4}: search_state {fetches[0][2]} B; per generation "
+          f"{sum(r + q for _, r, q in others) / 3:.0f} B over {len(others) // 3} calls")
+
+
+def test_host_and_anakin_agree_for_the_same_fitnesses(host_run):
+    """Reproducible across platforms: the host path (learner node and env workers over RPC)
+    and anakin's compiled generation draw the same members and make the same update for the
+    same fitnesses."""
+    learner, _, told = host_run
+    builder = ESBuilder(ESConfig(population_size=32, hidden_sizes=(256,)))
+    _, search = make_generation(builder, make_env_factory("gymnax:CartPole-v1"))
+
+    @jax.jit
+    def anakin_tell(state, fitness):  # As in anakin's generation: ask and tell in one program.
+        population = search.ask(state)
+        state, _ = search.update(state, {"fitness": fitness})
+        return state, population
+
+    state = jax.jit(search.init)(jax.random.PRNGKey(5))  # The host run's seed.
+    host_ask = jax.jit(search.ask)
+    for g in range(3):
+        host_population = np.asarray(host_ask(state))
+        state, population = anakin_tell(state, jnp.asarray(told[g]))
+        np.testing.assert_allclose(np.asarray(population), host_population, rtol=0, atol=1e-6)
+    host = learner._learner.state
+    assert int(host.generation) == 3
+    np.testing.assert_allclose(np.asarray(search.mean(state)), np.asarray(search.mean(host)),
+                               rtol=1e-6, atol=1e-7)
+    print("bitwise equal:", state_checksum(state) == state_checksum(host))
+
+
+def test_es_learns_on_anakin(tmp_path):
+    """A small population improves CartPole's fitness within a few generations (anakin), its
+    run directory and checkpoint are those of every agent, and evaluate.py reads them."""
+    builder = ESBuilder(ESConfig(population_size=64))
+    config = ExperimentConfig(total_env_steps=60_000, seed=1, log_every_s=0.01)
+    summary = run_experiment(builder, make_env_factory("gymnax:CartPole-v1"), config,
+                             str(tmp_path), platform="anakin", quiet=True)
+    assert summary["stopped_by"] == "budget" and summary["exit_code"] == 0
+    with open(tmp_path / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    fitness = [r["learner/fitness_mean"] for r in records if "learner/fitness_mean" in r]
+    assert len(fitness) >= 3 and fitness[-1] > 3 * fitness[0], fitness
+    assert {"learner/fitness_max", "learner/fitness_std", "learner/generation"} <= set(
+        records[-1])
+    assert os.path.isdir(tmp_path / "checkpoints")
+
+
+def test_es_refuses_a_population_of_populations(tmp_path, capsys):
+    code = run.main(["--agent=es", "--platform=anakin", "--env=gymnax:CartPole-v1",
+                     "--num_seeds=2", f"--logdir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "--num_seeds must be 1" in err, err
