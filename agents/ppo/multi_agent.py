@@ -50,6 +50,7 @@ from trellis.builders.contract.config import setting
 from trellis.builders.contract.policy_mapping import (
     PolicyGroup,
     PolicyMapping,
+    PolicyMappingError,
     add_agent_ids,
     stack,
     unstack,
@@ -79,8 +80,11 @@ class IPPOConfig(PPOConfig):
 
     def check(self) -> None:
         super().check()
-        # A mapping of none of the forms is refused here, before anything runs.
-        PolicyMapping.parse(self.policy_mapping, self.policies)
+        try:  # A mapping of none of the forms is refused here, before anything runs.
+            PolicyMapping.parse(self.policy_mapping, self.policies)
+        except PolicyMappingError as e:
+            raise self.invalid("policy_mapping", f"a mapping onto the declared policies ({e})"
+                               ) from None
 
     @property
     def mapping(self) -> PolicyMapping:
