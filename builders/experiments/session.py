@@ -118,6 +118,11 @@ def check_supported(builder: Builder, platform: str, env_factory: Any = None) ->
             "mappo)" if multi_agent_env else
             f"{name} is a multi-agent agent and {env} a single-agent env (use e.g. "
             "--env=jaxmarl:MPE_simple_spread_v3)")
+    if capabilities.multi_agent and multi_agent_env:
+        # The builder's networks follow its policy mapping onto the env's agents: a mapping
+        # that does not fit them (a pattern matching no agent, agents of different spaces on
+        # one policy) raises PolicyMappingError here, in one line, before any node starts.
+        builder.make_networks(env_factory.spec())
     if platform == ANAKIN and capabilities.recurrent:
         raise UnsupportedError(
             f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
