@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import subprocess
+import sys
 import threading
 import time
 
@@ -21,6 +24,8 @@ from trellis.builders.experiments.session import run_experiment
 from trellis.envs import make_env_factory
 from trellis.launch import run
 from trellis.launch.runtime import node_context, rpc
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def numpy_centered_ranks(x: np.ndarray) -> np.ndarray:
@@ -255,3 +260,45 @@ def test_es_refuses_a_population_of_populations(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip().count("\n") == 0 and "--num_seeds must be 1" in err, err
+
+
+def _run_py(tmp_path, *flags):
+    """launch/run.py --agent=es as a user starts it: its summary.json, and the CPU seconds
+    (user + system) it and its children used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, os.path.join(REPO, "launch", "run.py"), "--agent=es",
+                    "--quiet", f"--logdir={tmp_path}", *flags], check=True, cwd=REPO,
+                   timeout=600, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(tmp_path / "summary.json") as f:
+        return json.load(f), (after.ru_utime - before.ru_utime) + (after.ru_stime
+                                                                   - before.ru_stime)
+
+
+@pytest.mark.slow
+def test_open_es_solves_gymnax_cartpole_within_30_s_of_launch(tmp_path):
+    """Issue 24: OpenAI-ES, population 256, to 475 on anakin within 30 s from launch,
+    compilation included. The bound is on the CPU time the run used from its launch (imports,
+    compilation, generations, the final checkpoint), which a shared machine's load inflates
+    far less than the wall time: on an idle 2-core machine the wall time is at most that
+    (docs/benchmarks.md has both)."""
+    summary, cpu_s = _run_py(tmp_path, "--platform=anakin", "--env=gymnax:CartPole-v1",
+                             "--population_size=256", "--no_compile_cache")
+    print(f"wall {summary['wall_time_s']} s from launch, CPU {cpu_s:.1f} s")
+    assert summary["stopped_by"] == "return_target" and summary["mean_return"] >= 475, summary
+    assert cpu_s <= 30, (cpu_s, summary)
+    result = subprocess.run([sys.executable, os.path.join(REPO, "launch", "evaluate.py"),
+                             str(tmp_path), "--episodes=20"], check=True, cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert json.loads(result.stdout.splitlines()[-1])["return_mean"] >= 400
+
+
+@pytest.mark.slow
+def test_open_es_solves_cartpole_on_local_mp_with_two_workers(tmp_path):
+    """Issue 24: with 2 env workers that send only fitnesses, to 475 on Gymnasium's
+    CartPole-v1; the workers' copies of the search never diverged (no resync)."""
+    summary, _ = _run_py(tmp_path, "--platform=local_mp", "--env=CartPole-v1",
+                      "--num_actors=2", "--total_env_steps=5000000")
+    assert summary["stopped_by"] == "return_target" and summary["mean_return"] >= 475, summary
+    with open(tmp_path / "metrics.jsonl") as f:
+        assert all(json.loads(line).get("learner/resyncs", 0) == 0 for line in f)
