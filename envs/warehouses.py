@@ -142,3 +142,35 @@ class Warehouses:
 def make(**kwargs) -> Warehouses:
     """The env with `kwargs` overriding its settings (`JaxMARLFactory.kwargs`)."""
     return Warehouses(**kwargs)
+
+
+def record_episode(env, policy, params, key: jax.Array) -> dict[str, np.ndarray]:
+    """One episode of a trained policy in `env`, for plots: {"stock", "order", "received",
+    "demand", "reward"}, each [max_steps, W] (host arrays).
+
+    Args:
+      env: a `jax_multi_agent.MultiAgentJaxEnv` of `Warehouses` (`JaxMARLFactory.make()`).
+      policy: the agent's policy (builders.contract.agent.Policy) on a batch of one env, e.g.
+        its greedy one (`builder.make_policy(networks, evaluation=True)`).
+      params: the policy's params.
+      key: for the env and the policy.
+    """
+    warehouses: Warehouses = env.env
+    agents = warehouses.agents
+
+    def body(carry, key):
+        state, step = carry
+        act_key, env_key = jax.random.split(key)
+        batched = jax.tree.map(lambda x: x[None], step)
+        actions, _, _ = policy(params, act_key, batched, {}, batched.first)
+        actions = {a: actions[a][0] for a in agents}
+        orders = jnp.asarray(ORDER_SIZES)[jnp.stack([actions[a] for a in agents])]
+        state, step = env.step(env_key, state, actions)
+        return (state, step), {
+            "stock": state.inner.stock, "order": orders, "received": warehouses.allocate(orders),
+            "demand": state.inner.demand, "reward": jnp.stack([step.reward[a] for a in agents])}
+
+    reset_key, key = jax.random.split(key)
+    _, record = jax.lax.scan(body, env.reset(reset_key),
+                             jax.random.split(key, warehouses.max_steps))
+    return {name: np.asarray(v) for name, v in record.items()}

@@ -9,7 +9,7 @@ from nbclient import NotebookClient
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("name", ["quickstart", "custom_agent"])
+@pytest.mark.parametrize("name", ["quickstart", "custom_agent", "warehouses"])
 def test_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("TRELLIS_RUNS", str(tmp_path))  # Runs go here, not into the clone.
     path = os.path.join(REPO, "notebooks", f"{name}.ipynb")
