@@ -51,7 +51,7 @@ def run(runs: str, population: int, target: float, budget: int, seed: int,
     with open(os.path.join(logdir, "metrics.jsonl")) as f:
         for line in f:
             record = json.loads(line)
-            if "learner/generation" in record:
+            if "learner/fitness_mean" in record:  # From the first told generation on.
                 curve[int(record["learner/generation"])] = (
                     round(record["learner/fitness_mean"], 1),
                     round(record["learner/fitness_max"], 1))
