@@ -37,11 +37,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 
 from trellis.agents.common import AgentBuilder, MLPTorso
+from trellis.agents.common.multi_agent import (  # noqa: F401 (group_batch: re-exported)
+    MultiPolicyState,
+    group_batch,
+    per_policy_training,
+)
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.learner import make_training as ppo_training
 from trellis.agents.ppo.networks import ActorCritic, PPONetworks, make_networks
@@ -179,56 +183,6 @@ def _size(shape: tuple[int, ...] | None) -> int:
     return int(functools.reduce(lambda a, b: a * b, shape or (), 1))
 
 
-def group_batch(networks: MultiAgentNetworks, group: PolicyGroup,
-                batch: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """PPO's batch of one policy: its agents' steps stacked on the batch axis.
-
-    Args:
-      networks: for the policy's input.
-      group: the policy and its n agents.
-      batch: the recorded unrolls, time-major [T + 1, B, ...]: `obs` (the `MultiAgentStep`s),
-        and the per-agent `action` and extras, each {agent: [T + 1, B, ...]}.
-
-    Returns:
-      {field: [T + 1, B * n, ...]}: `obs` (the policy's input), `reward`, `terminated`,
-      `truncated`, `first` (also set after a step where the agent no longer acts, so PPO
-      masks what follows, as after an episode's end), the action and the extras.
-    """
-    step: MultiAgentStep = batch["obs"]
-    t1, b = step.first.shape
-    n = len(group.agents)
-
-    def flat(x):  # [T + 1, B, ...] -> [(T + 1) * B, ...]
-        return x.reshape((t1 * b,) + x.shape[2:])
-
-    def per_agent(fields: Mapping[str, jax.Array]) -> jax.Array:  # -> [T + 1, B * n, ...]
-        x = stack(group, {a: flat(fields[a]) for a in group.agents}, jnp)
-        return x.reshape((t1, b * n) + x.shape[2:])
-
-    x = networks.inputs(group, jax.tree.map(flat, step))
-    alive = per_agent(step.alive)
-    acted_before = jnp.concatenate([jnp.ones_like(alive[:1]), alive[:-1]])
-    first = jnp.repeat(step.first, n, axis=1) | ~acted_before
-    out = {"obs": x.reshape((t1, b * n) + x.shape[2:]), "first": first,
-           "reward": per_agent(step.reward), "terminated": per_agent(step.terminated),
-           "truncated": per_agent(step.truncated)}
-    for field in batch:
-        if field not in out and isinstance(batch[field], Mapping):
-            out[field] = per_agent(batch[field])
-    return out
-
-
-def agent_metrics(step: MultiAgentStep, agents: tuple[str, ...]) -> dict[str, jax.Array]:
-    """`agent/<id>/reward_mean`: each agent's mean reward over the steps it acted (time-major
-    [T + 1, B] leaves; the reward at t + 1 is for the action at t)."""
-    out = {}
-    for agent in agents:
-        acted = step.alive[agent][:-1].astype(jnp.float32)
-        total = jnp.sum(step.reward[agent][1:] * acted)
-        out[f"agent/{agent}/reward_mean"] = total / jnp.maximum(jnp.sum(acted), 1.0)
-    return out
-
-
 def make_policy(networks: MultiAgentNetworks, evaluation: bool = False):
     """`policy(params, key, step, state, first) -> (actions, extras, state)` on N envs'
     `MultiAgentStep`: each policy acts for its agents in one batch; actions and extras are
@@ -261,50 +215,13 @@ def make_policy(networks: MultiAgentNetworks, evaluation: bool = False):
     return policy
 
 
-@flax.struct.dataclass
-class MultiPolicyState:
-    """The training state of every policy: {policy id: PPO's TrainingState} (one checkpoint
-    entry each). `params` and `step` are what acting and the counters read."""
-
-    policies: dict[str, Any]
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {policy: state.params for policy, state in self.policies.items()}
-
-    @property
-    def step(self) -> jax.Array:
-        """Updates taken (the policies update together)."""
-        return next(iter(self.policies.values())).step
-
-
 def make_training(networks: MultiAgentNetworks, config: IPPOConfig) -> Training:
-    """A `MultiPolicyState` and the update that runs PPO's update on each policy's batch."""
-    trainings = {
+    """A `MultiPolicyState` of PPO's training per policy (its batch: the envs' B times the
+    policy's agents), and the update that runs each on its policy's batch."""
+    return per_policy_training(networks, {
         group.policy: ppo_training(networks.policies[group.policy], dataclasses.replace(
             config, batch_size=config.batch_size * len(group.agents)))
-        for group in networks.groups}
-
-    def init(key: jax.Array) -> MultiPolicyState:
-        keys = jax.random.split(key, len(networks.groups))
-        return MultiPolicyState({group.policy: trainings[group.policy].init(k)
-                                 for group, k in zip(networks.groups, keys, strict=True)})
-
-    def make_update(mesh: Any):
-        updates = {policy: training.make_update(mesh) for policy, training in trainings.items()}
-
-        def update(state: MultiPolicyState, batch: Mapping[str, Any]):
-            policies, metrics = {}, agent_metrics(batch["obs"], networks.agents)
-            for group in networks.groups:
-                policies[group.policy], group_metrics = updates[group.policy](
-                    state.policies[group.policy], group_batch(networks, group, batch))
-                metrics.update({f"policy/{group.policy}/{name}": v
-                                for name, v in group_metrics.items()})
-            return MultiPolicyState(policies), metrics
-
-        return update
-
-    return Training(init, make_update)
+        for group in networks.groups})
 
 
 class IPPOBuilder(AgentBuilder):
