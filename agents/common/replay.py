@@ -2,7 +2,8 @@
 transitions in an in-process table (reverb_tables, native backend) that the learner samples.
 
 DQN (prioritized) and SAC (uniform) both learn from it through `agents.common.ReplayLearner`;
-the table's selector is theirs to pick.
+the table's selector is theirs to pick. On anakin the same transitions live in a ring on the
+device (`DeviceReplay`), sampled uniformly inside the jitted program.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import flax.struct
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from trellis import reverb_tables as rt
@@ -137,3 +141,76 @@ class TransitionReplay:
         minibatches["probability"] = sample.probabilities.astype(np.float32).reshape(u, s)
         minibatches["table_size"] = sample.table_size.astype(np.float32).reshape(u, s)
         return minibatches, sample.keys
+
+
+@flax.struct.dataclass
+class DeviceReplay:
+    """A ring of n-step transitions kept on the device, for off-policy agents on anakin.
+
+    The same transitions as `TransitionReplay` (`n_step_returns`), stored at fixed shapes: an
+    unroll [T + 1, B] writes all its T * B starts, each with a `valid` flag, and sampling draws
+    uniformly among the valid slots, so no shape depends on the data and the whole
+    act-add-sample-learn step jits. Minibatches look like `TransitionReplay.sample`'s
+    (with `probability` 1 / size and `table_size`), so the agent's update runs unchanged.
+
+    Attributes:
+      data: {obs, next_obs, action, reward, discount: [N, ...]}.
+      valid: [N] the slots holding a transition.
+      index: the next slot written (the oldest once full).
+    """
+
+    data: dict[str, jax.Array]
+    valid: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def create(cls, capacity: int, obs: jax.ShapeDtypeStruct,
+               action: jax.ShapeDtypeStruct) -> DeviceReplay:
+        """An empty ring of `capacity` transitions of one `obs` and one `action`."""
+        slots = lambda spec: jnp.zeros((capacity,) + tuple(spec.shape), spec.dtype)  # noqa: E731
+        scalar = jax.ShapeDtypeStruct((), jnp.float32)
+        return cls({"obs": slots(obs), "next_obs": slots(obs), "action": slots(action),
+                    "reward": slots(scalar), "discount": slots(scalar)},
+                   jnp.zeros(capacity, bool), jnp.zeros((), jnp.int32))
+
+    @property
+    def size(self) -> jax.Array:
+        return jnp.sum(self.valid, dtype=jnp.int32)
+
+    def add(self, unrolls: Mapping[str, jax.Array], n_step: int,
+            discount: float) -> DeviceReplay:
+        """Writes the T * B starts of unrolls {field: [T + 1, B, ...]}, oldest slots first.
+
+        Raises:
+          ValueError: T * B > capacity (one unroll would overwrite itself).
+        """
+        returns, scale, end, valid = n_step_returns(
+            unrolls["first"], unrolls["terminated"], unrolls["truncated"],
+            unrolls["reward"].astype(jnp.float32), n_step, discount, xp=jnp)
+        t, b = valid.shape
+        capacity = self.valid.shape[0]
+        if t * b > capacity:
+            raise ValueError(f"replay_size={capacity} holds fewer transitions than one update's "
+                             f"unrolls ({t} x {b}); raise replay_size")
+        cols = jnp.arange(b)[None, :]
+        new = {"obs": unrolls["obs"][:-1], "action": unrolls["action"][:-1], "reward": returns,
+               "discount": scale, "next_obs": unrolls["obs"][end, cols]}
+        slots = (self.index + jnp.arange(t * b)) % capacity
+        flat = lambda x: x.reshape((t * b,) + x.shape[2:])  # noqa: E731
+        data = {k: v.at[slots].set(flat(new[k]).astype(v.dtype)) for k, v in self.data.items()}
+        return DeviceReplay(data, self.valid.at[slots].set(flat(valid)),
+                            (self.index + t * b) % capacity)
+
+    def sample(self, key: jax.Array, num_batches: int, batch_size: int) -> dict[str, jax.Array]:
+        """`num_batches` minibatches of `batch_size` transitions drawn uniformly (with
+        replacement) from the valid slots: {field: [U, S, ...]} plus `probability` and
+        `table_size`. Call it only once `size` > 0."""
+        count = jnp.cumsum(self.valid, dtype=jnp.int32)  # [N]
+        size = count[-1]
+        rank = jax.random.randint(key, (num_batches * batch_size,), 0, size)
+        slots = jnp.searchsorted(count, rank, side="right")  # The rank-th valid slot.
+        shape = (num_batches, batch_size)
+        minibatches = {k: v[slots].reshape(shape + v.shape[1:]) for k, v in self.data.items()}
+        minibatches["probability"] = jnp.full(shape, 1.0, jnp.float32) / size
+        minibatches["table_size"] = jnp.full(shape, size, jnp.float32)
+        return minibatches

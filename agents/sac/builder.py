@@ -47,7 +47,7 @@ class SACBuilder(AgentBuilder):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(REPLAY)
+        return Capabilities(REPLAY, anakin=True)
 
     def make_training(self, networks: SACNetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.

@@ -38,7 +38,7 @@ class TD3Builder(AgentBuilder):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(REPLAY)
+        return Capabilities(REPLAY, anakin=True)
 
     def make_training(self, networks: TD3Networks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.

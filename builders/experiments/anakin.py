@@ -28,6 +28,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trellis.agents.common import get_hparams, set_hparams
+from trellis.agents.common.replay import DeviceReplay
 from trellis.builders.experiments.counter import CounterSnapshot
 from trellis.builders.experiments.pbt import LISTS, Dimension, PopulationPBT, quantile_size
 
@@ -113,6 +115,9 @@ class MemberState:
       policy_state: the policy's state per env ({} for feed-forward agents).
       episodes: the return window.
       key: for acting and env steps.
+      updates: the member's updates so far, each T * B env steps (an off-policy agent's
+        training state counts its SGD steps instead).
+      replay: the member's transitions on the device (off-policy agents; else None).
     """
 
     train: Any
@@ -121,6 +126,27 @@ class MemberState:
     policy_state: dict[str, jax.Array]
     episodes: Episodes
     key: jax.Array
+    updates: jax.Array
+    replay: DeviceReplay | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySettings:
+    """How an off-policy agent learns on anakin (its `ReplayConfig`): each update's unrolls
+    become n-step transitions in a `DeviceReplay` of `capacity`; once it holds `min_size`,
+    `updates_per_step` minibatches of `sample_batch_size` are sampled and learned from."""
+
+    n_step: int
+    discount: float
+    capacity: int
+    min_size: int
+    updates_per_step: int
+    sample_batch_size: int
+
+    @classmethod
+    def of(cls, config: Any) -> ReplaySettings:
+        return cls(config.n_step, config.discount, config.replay_size, config.min_replay_size,
+                   config.updates_per_step, config.sample_batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +162,10 @@ class Anakin:
       num_envs: B, envs per member (the agent's batch_size: one update takes every env's unroll).
       unroll_length: T.
       return_window: W, episodes in each member's return window.
+      acting_params: `acting_params(train state)`, what the policy reads
+        (`Training.acting_params`).
+      replay: for an off-policy agent (`Capabilities.learns_from == REPLAY`), how it learns
+        from a replay on the device; None: every update learns from the unrolls just played.
     """
 
     env: Any
@@ -146,6 +176,8 @@ class Anakin:
     num_envs: int
     unroll_length: int
     return_window: int
+    acting_params: Callable[[Any], Any] = operator.attrgetter("params")
+    replay: ReplaySettings | None = None
 
     def _act(self, params, key, timestep, policy_state):
         """The one policy call: the recorded step at `timestep` and the next policy state."""
@@ -163,9 +195,14 @@ class Anakin:
         train = set_hparams(self.init(train_key), hparams)
         env, timestep = jax.vmap(self.env.reset)(jax.random.split(env_key, self.num_envs))
         policy_state = jax.tree.map(jnp.asarray, dict(self.initial_state))
-        pending, policy_state = self._act(train.params, act_key, timestep, policy_state)
+        pending, policy_state = self._act(self.acting_params(train), act_key, timestep,
+                                          policy_state)
         episodes = Episodes.zeros(self.num_envs, self.return_window)
-        return MemberState(train, env, pending, policy_state, episodes, key)
+        replay = None if self.replay is None else DeviceReplay.create(
+            self.replay.capacity, jax.ShapeDtypeStruct(timestep.obs.shape[1:], timestep.obs.dtype),
+            jax.ShapeDtypeStruct(pending["action"].shape[1:], pending["action"].dtype))
+        return MemberState(train, env, pending, policy_state, episodes, key,
+                           jnp.zeros((), jnp.int32), replay)
 
     def _env_step(self, params, carry, _):
         env, pending, policy_state, episodes, key = carry
@@ -181,7 +218,8 @@ class Anakin:
         """T env steps of every env: the batch {field: [T + 1, B, ...]} (the pending step
         first) and the member with its envs advanced."""
         carry = (member.env, member.pending, member.policy_state, member.episodes, member.key)
-        carry, records = jax.lax.scan(functools.partial(self._env_step, member.train.params),
+        carry, records = jax.lax.scan(functools.partial(self._env_step,
+                                                        self.acting_params(member.train)),
                                       carry, None, length=self.unroll_length)
         env, pending, policy_state, episodes, key = carry
         batch = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]),
@@ -190,10 +228,28 @@ class Anakin:
                               episodes=episodes, key=key), batch
 
     def member_update(self, member: MemberState, _=None) -> tuple[MemberState, dict]:
-        """One unroll, then one update of the agent on it."""
+        """One unroll, then one update of the agent on it (or, off-policy, on minibatches
+        sampled from the member's replay once it holds enough)."""
         member, batch = self.unroll(member)
-        train, metrics = self.update(member.train, batch)
-        return member.replace(train=train), metrics
+        member = member.replace(updates=member.updates + 1)
+        if self.replay is None:
+            train, metrics = self.update(member.train, batch)
+            return member.replace(train=train), metrics
+        r = self.replay
+        replay = member.replay.add(batch, r.n_step, r.discount)
+        key, sample_key = jax.random.split(member.key)
+
+        def learn(train):
+            return self.update(train, replay.sample(sample_key, r.updates_per_step,
+                                                    r.sample_batch_size))
+
+        def wait(train):  # The update's metrics as zeros: both branches give one structure.
+            metrics = jax.eval_shape(learn, train)[1]
+            return train, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics)
+
+        train, metrics = jax.lax.cond(replay.size >= r.min_size, learn, wait, member.train)
+        metrics = {**metrics, "replay_size": replay.size.astype(jnp.float32)}
+        return member.replace(train=train, replay=replay, key=key), metrics
 
     def population_steps(self, population: MemberState, num_updates: int,
                          pbt: PopulationPBT | None = None) -> tuple[MemberState, dict, dict]:
@@ -213,7 +269,7 @@ class Anakin:
             # Member 0's acting key, folded with a constant: a stream of its own that is part
             # of the state, so a resumed run draws what an uninterrupted one would.
             key = jax.random.fold_in(population.key[0], _PBT_STREAM)
-            due = population.train.step[0] % interval == 0  # Members step in lockstep.
+            due = population.updates[0] % interval == 0  # Members update in lockstep.
             # Only what a round changes goes through the cond: its operands may be copied.
             train, episodes, event = jax.lax.cond(
                 due, functools.partial(exploit_and_explore, key=key, pbt=pbt), no_pbt_round,
@@ -477,7 +533,7 @@ class Population:
         self.state, metrics, events = self._step(self.state)
         steps_per_update = self.anakin.unroll_length * self.anakin.num_envs
         return metrics, [] if events is None else exploits(
-            jax.device_get(events), int(np.asarray(jax.device_get(self.state.train.step))[0]),
+            jax.device_get(events), int(np.asarray(jax.device_get(self.state.updates))[0]),
             steps_per_update)
 
     def restore(self, state: Any) -> None:
@@ -487,7 +543,7 @@ class Population:
     def snapshots(self, env_steps: int, elapsed_s: float, resumes: int) -> list[CounterSnapshot]:
         """Each member's counters as the Gymnasium path's `Counter` would give them."""
         episodes = jax.device_get(self.state.episodes)
-        learner_steps = np.asarray(jax.device_get(self.state.train.step))
+        learner_steps = np.asarray(jax.device_get(self.state.updates))
         out = []
         for m in range(self.num_members):
             count, start = int(episodes.count[m]), int(episodes.window_start[m])

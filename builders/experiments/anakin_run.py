@@ -26,7 +26,14 @@ import jax
 import numpy as np
 
 from trellis.agents.common import get_hparams
-from trellis.builders.experiments.anakin import Anakin, Population, population_mesh, shards_members
+from trellis.builders.contract.agent import REPLAY
+from trellis.builders.experiments.anakin import (
+    Anakin,
+    Population,
+    ReplaySettings,
+    population_mesh,
+    shards_members,
+)
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import PopulationSettings
@@ -109,10 +116,13 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
     env = env_factory.make()
     if getattr(env_factory, "multi_agent", False):  # Stepped as one env with the team's reward.
         env = TeamEnv(env)
+    replay = (ReplaySettings.of(config) if builder.capabilities.learns_from == REPLAY
+              else None)
     anakin = Anakin(env=env, policy=builder.make_policy(networks),
                     init=training.init, update=update, initial_state={},
                     num_envs=config.batch_size, unroll_length=config.unroll_length,
-                    return_window=return_window)
+                    return_window=return_window, acting_params=training.acting_params,
+                    replay=replay)
     return anakin, mesh
 
 
@@ -155,7 +165,8 @@ def restore_member(builder: Any, env_factory: Any, config: Any, num_seeds: int, 
         state, progress = checkpointer.restore(target, step)
     finally:
         checkpointer.close()
-    return anakin, jax.tree.map(lambda x: x[member], state.train.params), step, progress
+    params = anakin.acting_params(jax.tree.map(lambda x: x[member], state.train))
+    return anakin, params, step, progress
 
 
 def population_stats(snapshots: Sequence[Any], hparams: Sequence[Mapping[str, float]]
@@ -243,7 +254,7 @@ class AnakinRun:
         """Every member's counters (waits for the compiled call: they are on the device)."""
         population = self._population
         elapsed = self._elapsed_before + time.monotonic() - self._started
-        learner_steps = int(np.asarray(jax.device_get(population.state.train.step))[0])
+        learner_steps = int(np.asarray(jax.device_get(population.state.updates))[0])
         return population.snapshots(learner_steps * self._steps_per_update, elapsed,
                                     self._resumes)
 
