@@ -84,11 +84,14 @@ class StepFormat:
             return {"action": actions}
         return {f"action/{agent}": actions[agent] for agent in self.agents}
 
-    def extras_specs(self, extras: Mapping[str, ArraySpec]) -> dict[str, ArraySpec]:
-        """The recorded fields of the policy's extras: multi-agent, one per extra and agent."""
+    def extras_specs(self, extras: Mapping[str, Any]) -> dict[str, ArraySpec]:
+        """The recorded fields of the policy's extras (`Builder.extras_spec`): multi-agent,
+        one per extra and agent, each extra's spec the same for every agent or given per
+        agent ({agent: ArraySpec}, e.g. logits of agents with different actions)."""
         if not self.multi_agent:
             return dict(extras)
-        return {f"{name}/{agent}": s for name, s in extras.items() for agent in self.agents}
+        return {f"{name}/{agent}": s if isinstance(s, ArraySpec) else s[agent]
+                for name, s in extras.items() for agent in self.agents}
 
     def extras_fields(self, extras: Mapping[str, Any]) -> dict[str, Any]:
         """The policy's extras as recorded fields: multi-agent, {name: {agent: [N, ...]}}

@@ -1,0 +1,129 @@
+"""Independent IMPALA: IMPALA for each policy of a multi-agent env (`--agent=iimpala`).
+
+Each policy of the policy mapping (builders/contract/policy_mapping.py: `shared`, `per_agent`
+or `PATTERN=POLICY,...`) is one IMPALA learner, unchanged: its networks, V-trace loss and
+update (agents/impala/) run on its agents' steps stacked on the batch axis, with their own
+params and optimizer state (agents/common/multi_agent.py: one checkpoint entry per policy, a
+step after an agent stopped acting masked as IMPALA masks autoreset steps). Where a policy
+serves several agents, its input is the agent's observation with its one-hot id.
+
+Acting is the same central inference as IMPALA's on one agent: each policy's policy runs once
+per batch on its agents' observations stacked as rows. Feed-forward only (`core=none`): a
+recurrent core would need its state per (env slot, agent), which this agent does not keep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from trellis.agents.common import AgentBuilder
+from trellis.agents.common.multi_agent import per_policy_policy, per_policy_training
+from trellis.agents.impala.builder import ImpalaBuilder
+from trellis.agents.impala.config import ImpalaConfig
+from trellis.agents.impala.learner import make_training as impala_training
+from trellis.agents.impala.networks import ImpalaNetworks
+from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Policy, Training
+from trellis.builders.contract.config import setting
+from trellis.builders.contract.policy_mapping import (
+    PolicyGroup,
+    PolicyMapping,
+    PolicyMappingError,
+    add_agent_ids,
+    stack,
+)
+from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
+
+
+@dataclasses.dataclass(frozen=True)
+class IImpalaConfig(ImpalaConfig):
+    """Independent IMPALA's settings: IMPALA's, and the policy mapping."""
+
+    policy_mapping: str = setting(
+        "shared", "which agent uses which policy: shared, per_agent, or PATTERN=POLICY,... "
+        "(glob patterns on agent ids, e.g. 'adversary_*=adv,agent_*=good')")
+    policies: str = setting(
+        "", "the policy ids policy_mapping may name, comma-separated (empty: any)")
+
+    def check(self) -> None:
+        super().check()
+        if self.core != "none":
+            raise self.invalid("core", "none (independent IMPALA keeps no recurrent state per "
+                               "agent)")
+        try:  # A mapping of none of the forms is refused here, before anything runs.
+            PolicyMapping.parse(self.policy_mapping, self.policies)
+        except PolicyMappingError as e:
+            raise self.invalid("policy_mapping", f"a mapping onto the declared policies ({e})"
+                               ) from None
+
+    @property
+    def mapping(self) -> PolicyMapping:
+        return PolicyMapping.parse(self.policy_mapping, self.policies)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiAgentNetworks:
+    """One IMPALA network per policy (`agents.common.multi_agent.PerPolicyNetworks`).
+
+    Attributes:
+      groups: the policies and their agents.
+      policies: {policy id: ImpalaNetworks of the group's spec}.
+    """
+
+    groups: tuple[PolicyGroup, ...]
+    policies: Mapping[str, ImpalaNetworks]
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return tuple(a for g in self.groups for a in g.agents)
+
+    def inputs(self, group: PolicyGroup, step: MultiAgentStep) -> jax.Array:
+        """[N, n, ...]: each agent's observation, with its one-hot id where the policy serves
+        several agents (`add_agent_ids`)."""
+        return add_agent_ids(group, stack(group, step.obs, jnp), jnp)
+
+
+class IImpalaBuilder(AgentBuilder):
+    """Builder of independent IMPALA on multi-agent envs (see the module docstring)."""
+
+    config: IImpalaConfig
+
+    def _single(self, group: PolicyGroup) -> ImpalaBuilder:
+        """IMPALA on one policy's agents: each update takes B envs' unrolls of n agents."""
+        return ImpalaBuilder(dataclasses.replace(
+            self.config, batch_size=self.config.batch_size * len(group.agents)))
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(UNROLLS, anakin=True, multi_agent=True)
+
+    def make_networks(self, spec: MultiAgentSpec) -> MultiAgentNetworks:  # type: ignore[override]
+        """IMPALA's networks per policy of `config.mapping` on `spec`.
+
+        Raises:
+          builders.contract.policy_mapping.PolicyMappingError: the mapping does not fit.
+        """
+        groups = self.config.mapping.groups(spec)
+        return MultiAgentNetworks(groups, {g.policy: self._single(g).make_networks(g.spec)
+                                           for g in groups})
+
+    def extras_spec(self, spec: MultiAgentSpec  # type: ignore[override]
+                    ) -> dict[str, dict[str, ArraySpec]]:
+        """The behaviour logits of each agent's step, of its policy's number of actions."""
+        return {"logits": {agent: ArraySpec((g.spec.num_actions,), "float32")
+                           for g in self.config.mapping.groups(spec) for agent in g.agents}}
+
+    def make_policy(self, networks: MultiAgentNetworks, evaluation: bool = False) -> Policy:
+        return per_policy_policy(networks, {
+            g.policy: self._single(g).make_policy(networks.policies[g.policy], evaluation)
+            for g in networks.groups})
+
+    def make_training(self, networks: MultiAgentNetworks,  # type: ignore[override]
+                      spec: MultiAgentSpec) -> Training:
+        del spec  # The networks know the groups and shapes.
+        return per_policy_training(networks, {
+            g.policy: impala_training(networks.policies[g.policy], self._single(g).config)
+            for g in networks.groups})
