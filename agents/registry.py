@@ -15,6 +15,7 @@ AGENTS = {
     "ddpg": "trellis.agents.td3.ddpg",
     "dqn": "trellis.agents.dqn",
     "es": "trellis.agents.es",
+    "iimpala": "trellis.agents.impala.iimpala",
     "impala": "trellis.agents.impala",
     "ippo": "trellis.agents.ppo.ippo",
     "mappo": "trellis.agents.ppo.mappo",
