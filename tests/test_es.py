@@ -237,6 +237,21 @@ def test_host_and_anakin_agree_for_the_same_fitnesses(host_run):
     print("bitwise equal:", state_checksum(state) == state_checksum(host))
 
 
+def test_a_diverged_or_late_worker_is_refused_and_resyncs(host_run):
+    """A report from a state whose checksum is not the learner's (a copy that diverged) or
+    from another generation is refused and counted: the worker then fetches the state."""
+    learner, _, _ = host_run
+    state = learner.search_state()
+    generation = int(state.generation)
+    right = state_checksum(state)
+    one = (np.array([0]), np.array([[9.0]]), np.array([[9]]))
+    resyncs = learner.stats()["resyncs"]
+    assert not learner.report(generation, *one, right ^ 1)
+    assert not learner.report(generation - 1, *one, right)
+    assert learner.stats()["resyncs"] == resyncs + 2
+    assert learner.report(generation, *one, right)
+
+
 def test_es_learns_on_anakin(tmp_path):
     """A small population improves CartPole's fitness within a few generations (anakin), its
     run directory and checkpoint are those of every agent, and evaluate.py reads them."""

@@ -88,6 +88,13 @@ def play_members(act: Callable[[np.ndarray, np.ndarray], Any], population: np.nd
     return returns.reshape(shape), lengths.reshape(shape)
 
 
+def count_generation(counter: Counter, returns: np.ndarray, lengths: np.ndarray) -> None:
+    """Counts a generation's episodes ([N, E] returns and lengths) and its update."""
+    counter.add_env_steps(int(lengths.sum()),
+                          zip(returns.ravel().tolist(), lengths.ravel().tolist(), strict=True))
+    counter.add_learner_step()
+
+
 class ESLearnerNode:
     """Service node: the search state, the generation barrier, counting, stopping, checkpoints.
 
@@ -124,10 +131,10 @@ class ESLearnerNode:
         self._checkpoint_due = threading.Event()
         # The generation under way: who has reported, and what (guarded by the condition).
         self._told = threading.Condition()
-        size = self._learner.num_members
-        self._returns: np.ndarray | None = None  # [N, E] once the first report came.
-        self._lengths: np.ndarray | None = None
-        self._reported = np.zeros(size, bool)
+        shape = (self._learner.num_members, builder.config.episodes_per_member)  # [N, E]
+        self._returns = np.zeros(shape)
+        self._lengths = np.zeros(shape, np.int64)
+        self._reported = np.zeros(shape[0], bool)
         self._fitnesses: dict[int, np.ndarray] = {}  # Generation -> its fitness [N].
         self._generation = self._learner.generation
         self._checksum = state_checksum(self._learner.state)
@@ -155,10 +162,6 @@ class ESLearnerNode:
             if generation != self._generation or checksum != self._checksum:
                 self._resyncs += 1
                 return False
-            if self._returns is None:
-                self._returns = np.zeros((self._reported.size, np.shape(returns)[1]))
-                self._lengths = np.zeros(self._returns.shape, np.int64)
-            assert self._lengths is not None
             self._returns[members] = returns
             self._lengths[members] = lengths
             self._reported[members] = True
@@ -242,17 +245,13 @@ class ESLearnerNode:
     def _tell(self) -> None:
         """Tells the complete generation and counts its episodes (under the condition, so a
         checkpoint's counters always match its state)."""
-        assert self._returns is not None and self._lengths is not None
         fitness = self._returns.mean(axis=1).astype(np.float32)
         metrics = self._learner.step({"fitness": fitness})
         self._fitnesses[self._generation] = fitness
         self._fitnesses.pop(self._generation - _KEPT_GENERATIONS, None)
         self._generation += 1
         self._checksum = state_checksum(self._learner.state)
-        self._counter.add_env_steps(
-            int(self._lengths.sum()),
-            zip(self._returns.ravel().tolist(), self._lengths.ravel().tolist(), strict=True))
-        self._counter.add_learner_step()
+        count_generation(self._counter, self._returns, self._lengths)
         self._reported[:] = False
         self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         self._told.notify_all()
@@ -297,7 +296,9 @@ class ESWorker:
             lambda flat, obs: policy(networks.unravel(flat), None, obs[None], {}, None)[0][0]))
         members = worker_members(self._worker_id, self._num_workers, search.num_members)
         episodes = builder.config.episodes_per_member
-        envs = self._factory.make_vector(max(1, members.size * episodes), seed=self._seed)
+        # A worker without members (more workers than members) only keeps its copy in step.
+        envs = (self._factory.make_vector(members.size * episodes, seed=self._seed)
+                if members.size else None)
         stop = runtime.stop_event()
         try:
             search.restore(learner.search_state())
@@ -319,7 +320,8 @@ class ESWorker:
                 if fitness is not None:
                     search.step({"fitness": fitness})
         finally:
-            envs.close()
+            if envs is not None:
+                envs.close()
 
 
 def make_es_program(builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,

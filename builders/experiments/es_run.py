@@ -17,13 +17,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.counter import Counter, CounterSnapshot
-from trellis.builders.experiments.es_node import make_es_program
+from trellis.builders.experiments.es_node import count_generation, make_es_program
 from trellis.builders.experiments.execution import Ending, Execution, Report
 from trellis.builders.experiments.platforms import Platform, PopulationSettings
 from trellis.builders.experiments.program_run import ProgramRun
@@ -99,13 +98,6 @@ def make_generation(builder: Any, env_factory: Any) -> tuple[Callable, Any]:
         return state, returns, lengths, metrics
 
     return generation, search
-
-
-def count_generation(counter: Counter, returns: np.ndarray, lengths: np.ndarray) -> None:
-    """Counts a generation's episodes ([N, E] each) and its update, as the learner node does."""
-    counter.add_env_steps(int(lengths.sum()),
-                          zip(returns.ravel().tolist(), lengths.ravel().tolist(), strict=True))
-    counter.add_learner_step()
 
 
 def generation_stats(snapshot: CounterSnapshot, metrics: Mapping[str, Any]) -> dict[str, Any]:
