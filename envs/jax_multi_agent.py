@@ -158,3 +158,25 @@ class TeamEnv:
         truncated = done & functools.reduce(jnp.logical_or, (step.truncated[a] for a in agents))
         reward = functools.reduce(jnp.add, (step.reward[a] for a in agents))
         return TimeStep(step, reward, done & ~truncated, truncated, step.first)
+
+
+def random_policy(spec: MultiAgentSpec):
+    """A policy (builders.contract.agent.Policy, params unused) acting uniformly at random for
+    every agent: the floor a learned policy is measured against."""
+
+    def policy(params, key, step, state, first):
+        del params, first
+        actions = {}
+        for agent, agent_key in zip(spec.agents, jax.random.split(key, spec.num_agents),
+                                    strict=True):
+            agent_spec = spec.specs[agent]
+            shape = step.first.shape + agent_spec.action_shape
+            if agent_spec.discrete:
+                actions[agent] = jax.random.randint(agent_key, shape, 0, agent_spec.num_actions)
+            else:
+                actions[agent] = jax.random.uniform(
+                    agent_key, shape, minval=jnp.asarray(agent_spec.action_low),
+                    maxval=jnp.asarray(agent_spec.action_high))
+        return actions, {}, state
+
+    return policy
