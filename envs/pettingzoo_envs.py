@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,6 +53,21 @@ def _float32(spec: EnvSpec) -> EnvSpec:
     if spec.observation_dtype != "float64":
         return spec
     return dataclasses.replace(spec, observation_dtype="float32")
+
+
+# mpe2's envs load pygame fonts when made and call `pygame.quit()` when closed, for the whole
+# process; neither is thread-safe: 4 threads making and closing mpe2 envs at once segfaulted in
+# 2 of 3 runs (pygame's "parachute" reports it), as a local_mt run did now and then. Making and
+# closing take this lock, and envs that do not render are not closed (`close`): 0 of 3 then.
+_PYGAME = threading.Lock()
+
+
+def close(env: Any) -> None:
+    """Closes an env that renders; one that does not is only dropped (its `close` would only
+    quit pygame under every other env of the process)."""
+    if getattr(env, "render_mode", None) is not None:
+        with _PYGAME:
+            env.close()
 
 
 def parallel_spec(env: Any) -> MultiAgentSpec:
@@ -106,7 +122,9 @@ class PettingZooFactory:
 
     def make(self, seed: int | None = None) -> Any:
         """One PettingZoo parallel env, reset with `seed` when given."""
-        env = self._module().parallel_env(**dict(self.kwargs))
+        module = self._module()
+        with _PYGAME:  # Env workers on threads (local_mt) make their envs at the same time.
+            env = module.parallel_env(**dict(self.kwargs))
         if seed is not None:
             env.reset(seed=seed)
         return env
@@ -123,7 +141,7 @@ class PettingZooFactory:
         try:
             return parallel_spec(env)
         finally:
-            env.close()
+            close(env)
 
     def reward_threshold(self) -> float | None:
         """PettingZoo declares none."""
@@ -181,7 +199,7 @@ class PettingZooVector:
 
     def close(self) -> None:
         for env in self._envs:
-            env.close()
+            close(env)
 
     def _reset_env(self, i: int, env: Any, seed: int | None, step: MultiAgentStep) -> None:
         obs, _ = env.reset(seed=seed)
