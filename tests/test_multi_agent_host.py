@@ -5,6 +5,7 @@ cleanly (and learns: slow)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from trellis.agents.impala.multi_agent import IImpalaBuilder, IImpalaConfig
 from trellis.agents.ppo.multi_agent import IPPOBuilder, IPPOConfig
 from trellis.builders.experiments.env_worker import step_format
 from trellis.builders.experiments.inference import InferenceServer, step_specs
@@ -33,9 +35,20 @@ AGENTS = ("agent_0", "agent_1", "agent_2")
 OBS = EnvSpec((4,), "float32", 5, (), "int32")
 
 
-def _builder_and_params(mapping: str):
+# Each multi-agent agent on the host: its builder, and its policy's logits by hand.
+BUILDERS = {
+    "ippo": (lambda mapping: IPPOBuilder(IPPOConfig(policy_mapping=mapping)),
+             lambda net, params, x: net.apply(params, x)[0]),
+    "iimpala": (lambda mapping: IImpalaBuilder(IImpalaConfig(policy_mapping=mapping)),
+                lambda net, params, x: net.apply(params, x[None], jnp.zeros((1, len(x)), bool),
+                                                 {})[0][0]),
+}
+EXTRAS = {"ippo": {"log_prob", "value"}, "iimpala": {"logits"}}
+
+
+def _builder_and_params(agent: str, mapping: str):
     spec = MultiAgentSpec(AGENTS, {a: OBS for a in AGENTS}, (12,))
-    builder = IPPOBuilder(IPPOConfig(policy_mapping=mapping))
+    builder = BUILDERS[agent][0](mapping)
     networks = builder.make_networks(spec)
     params = builder.make_training(networks, spec).init(jax.random.PRNGKey(3)).params
     return spec, builder, networks, params
@@ -53,13 +66,14 @@ def _worker_inputs(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
     return inputs
 
 
-def test_inference_serves_each_agent_with_its_policy_and_records_per_agent():
+@pytest.mark.parametrize("agent", sorted(BUILDERS))
+def test_inference_serves_each_agent_with_its_policy_and_records_per_agent(agent):
     """Mapping agent_0 to policy p and agent_1, agent_2 to q: through the inference server
     (two workers batched), every agent's action is its own policy's greedy action on its own
     observation (q's with the agent's one-hot id), checked against each policy's network
     applied by hand; the two policies answer differently on the same observations; the unrolls
     hold every agent's step, and `nest` gives them as the anakin program does."""
-    spec, builder, networks, params = _builder_and_params("agent_0=p,agent_[12]=q")
+    spec, builder, networks, params = _builder_and_params(agent, "agent_0=p,agent_[12]=q")
     fmt = step_format(spec)
     k, workers, steps = 3, 2, 6
     unrolls, stop = [], threading.Event()
@@ -85,9 +99,11 @@ def test_inference_serves_each_agent_with_its_policy_and_records_per_agent():
     stop.set()
     server.join(5)
 
+    logits = {policy: jax.jit(functools.partial(BUILDERS[agent][1], networks.policies[policy]))
+              for policy in ("p", "q")}
+
     def greedy(policy, obs):
-        logits, _ = networks.policies[policy].apply(params[policy], jnp.asarray(obs))
-        return np.asarray(jnp.argmax(logits, axis=-1))
+        return np.asarray(jnp.argmax(logits[policy](params[policy], jnp.asarray(obs)), axis=-1))
 
     one_hot = np.eye(2, dtype=np.float32)
     differ = 0
@@ -95,10 +111,10 @@ def test_inference_serves_each_agent_with_its_policy_and_records_per_agent():
         for inputs, actions in zip(sent[w], got[w], strict=True):
             assert set(actions) == set(AGENTS)
             np.testing.assert_array_equal(actions["agent_0"], greedy("p", inputs["obs/agent_0"]))
-            for i, agent in enumerate(AGENTS[1:]):
-                x = np.concatenate([inputs[f"obs/{agent}"], np.repeat(one_hot[i:i + 1], k, 0)],
+            for i, a in enumerate(AGENTS[1:]):
+                x = np.concatenate([inputs[f"obs/{a}"], np.repeat(one_hot[i:i + 1], k, 0)],
                                    axis=1)
-                np.testing.assert_array_equal(actions[agent], greedy("q", x))
+                np.testing.assert_array_equal(actions[a], greedy("q", x))
             with_id = np.concatenate([inputs["obs/agent_0"], np.repeat(one_hot[:1], k, 0)], 1)
             differ += int((greedy("p", inputs["obs/agent_0"]) != greedy("q", with_id)).sum())
     assert differ > 0  # The two policies are not the same function.
@@ -111,16 +127,17 @@ def test_inference_serves_each_agent_with_its_policy_and_records_per_agent():
                  if np.array_equal(unroll["obs/agent_0"][0], sent[w][0]["obs/agent_0"]))
         for name in sent[w][0]:
             np.testing.assert_array_equal(unroll[name], np.stack([s[name] for s in sent[w][:5]]))
-        for agent in AGENTS:
-            np.testing.assert_array_equal(unroll[f"action/{agent}"],
-                                          np.stack([a[agent] for a in got[w][:5]]))
-            assert unroll[f"log_prob/{agent}"].shape == (5, k)
+        for a in AGENTS:
+            np.testing.assert_array_equal(unroll[f"action/{a}"],
+                                          np.stack([actions[a] for actions in got[w][:5]]))
+            for extra in EXTRAS[agent]:
+                assert unroll[f"{extra}/{a}"].shape[:2] == (5, k)
         nested = fmt.nest(unroll)
         assert isinstance(nested["obs"], MultiAgentStep)
         np.testing.assert_array_equal(nested["obs"].alive["agent_1"], unroll["alive/agent_1"])
         np.testing.assert_array_equal(nested["obs"].global_state, unroll["global_state"])
-        assert set(nested) == {"obs", "first", "action", "log_prob", "value"}
-        assert set(nested["value"]) == set(AGENTS)
+        assert set(nested) == {"obs", "first", "action"} | EXTRAS[agent]
+        assert all(set(nested[extra]) == set(AGENTS) for extra in EXTRAS[agent])
 
 
 def _run(args, timeout=300):
