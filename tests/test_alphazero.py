@@ -1,0 +1,243 @@
+"""AlphaZero (agents/alphazero): the search against mctx's own call, value targets, the loss,
+the replay, tic-tac-toe's minimax, the command line, and short self-play that learns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import mctx
+import numpy as np
+import pgx
+import pytest
+
+from trellis.agents.alphazero import AlphaZeroBuilder, AlphaZeroConfig, baselines
+from trellis.agents.alphazero.losses import alphazero_loss, value_targets
+from trellis.agents.alphazero.search import make_search
+from trellis.agents.alphazero.self_play import replay_add, replay_init
+from trellis.builders.experiments.self_play_run import SelfPlayProgram
+from trellis.envs import make_env_factory
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
+EVALUATE = [sys.executable, os.path.join(REPO, "launch", "evaluate.py")]
+
+
+def _positions(env, key, num_games, plies):
+    """Games after `plies` random moves (none of them over, for tic-tac-toe's 4 plies)."""
+    init_key, key = jax.random.split(key)
+    state = jax.vmap(env.init)(jax.random.split(init_key, num_games))
+    for k in jax.random.split(key, plies):
+        state = jax.vmap(env.step)(state, baselines.random_player(k, state))
+    return state
+
+
+def _reference_recurrent_fn(env, network):
+    """mctx's RecurrentFn for a two-player pgx game, written out again for the comparison."""
+
+    def recurrent_fn(params, key, action, state):
+        mover = state.current_player
+        state = jax.vmap(env.step)(state, action)
+        logits, value = network.apply(params, state.observation)
+        logits = logits - logits.max(-1, keepdims=True)
+        logits = jnp.where(state.legal_action_mask, logits, jnp.finfo(jnp.float32).min)
+        return mctx.RecurrentFnOutput(
+            reward=state.rewards[jnp.arange(action.shape[0]), mover],
+            discount=jnp.where(state.terminated, 0.0, -1.0), prior_logits=logits,
+            value=jnp.where(state.terminated, 0.0, value)), state
+
+    return recurrent_fn
+
+
+@pytest.mark.parametrize("search,evaluation", [("muzero", False), ("gumbel", True)])
+def test_search_policy_equals_mctx(search, evaluation):
+    env = pgx.make("tic_tac_toe")
+    config = AlphaZeroConfig(search=search, num_simulations=8)
+    builder = AlphaZeroBuilder(config)
+    network = builder.make_networks(make_env_factory("pgx:tic_tac_toe").spec())
+    state = _positions(env, jax.random.key(1), 8, 3)
+    params = network.init(jax.random.key(2), state.observation)
+    key = jax.random.key(3)
+    ours = jax.jit(make_search(env, network, config, evaluation))(params, key, state)
+
+    def reference(params, key, state):  # mctx called directly, as its docs show.
+        logits, value = network.apply(params, state.observation)
+        logits = logits - logits.max(-1, keepdims=True)
+        logits = jnp.where(state.legal_action_mask, logits, jnp.finfo(jnp.float32).min)
+        root = mctx.RootFnOutput(prior_logits=logits, value=value, embedding=state)
+        recurrent_fn = _reference_recurrent_fn(env, network)
+        if search == "muzero":
+            return mctx.muzero_policy(
+                params, key, root, recurrent_fn, 8, invalid_actions=~state.legal_action_mask,
+                dirichlet_fraction=0.25, dirichlet_alpha=0.3, temperature=1.0)
+        return mctx.gumbel_muzero_policy(
+            params, key, root, recurrent_fn, 8, invalid_actions=~state.legal_action_mask,
+            gumbel_scale=0.0)
+
+    theirs = jax.jit(reference)(params, key, state)
+    np.testing.assert_array_equal(ours.action, theirs.action)
+    np.testing.assert_allclose(ours.action_weights, theirs.action_weights, atol=1e-6)
+    legal = np.asarray(state.legal_action_mask)
+    assert legal[np.arange(8), np.asarray(ours.action)].all()
+
+
+def test_value_targets_flip_sign_for_the_player_to_move():
+    # Column 0: a game of 3 plies won by player 0 (rewards [1, -1] at t=2), then a new game
+    # from t=3, unfinished at t=4. Column 1: player 1 moves first and wins at t=3 (4 plies);
+    # then a new game, unfinished.
+    rewards = np.zeros((5, 2, 2), np.float32)
+    terminated = np.zeros((5, 2), bool)
+    rewards[2, 0] = [1.0, -1.0]
+    terminated[2, 0] = True
+    rewards[3, 1] = [-1.0, 1.0]
+    terminated[3, 1] = True
+    player = np.array([[0, 1], [1, 0], [0, 1], [1, 0], [0, 0]])
+    values, known = jax.jit(value_targets)(rewards, terminated, player)
+    # Hand-computed: the winner's positions +1, the loser's -1, alternating by ply.
+    np.testing.assert_array_equal(values[:3, 0], [1.0, -1.0, 1.0])
+    np.testing.assert_array_equal(values[:4, 1], [1.0, -1.0, 1.0, -1.0])
+    np.testing.assert_array_equal(known, [[True, True], [True, True], [True, True],
+                                          [False, True], [False, False]])
+    # A draw: zero for both players.
+    rewards[3, 1] = 0.0
+    values, _ = value_targets(rewards, terminated, player)
+    np.testing.assert_array_equal(values[:4, 1], 0.0)
+
+
+def test_loss_against_numpy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 4)).astype(np.float32)
+    value = rng.uniform(-1, 1, 6).astype(np.float32)
+    policy = rng.dirichlet(np.ones(4), 6).astype(np.float32)
+    batch = {"policy": policy, "value": rng.choice([-1.0, 0.0, 1.0], 6).astype(np.float32),
+             "weight": np.array([1, 1, 0, 1, 0, 1], np.float32)}
+    loss, metrics = jax.jit(alphazero_loss, static_argnums=3)(logits, value, batch, 0.5)
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    w = batch["weight"]
+    ce = -(policy * log_p).sum(-1)
+    expected_policy = (w * ce).sum() / w.sum()
+    expected_value = (w * (value - batch["value"]) ** 2).sum() / w.sum()
+    np.testing.assert_allclose(metrics["policy_loss"], expected_policy, rtol=1e-5)
+    np.testing.assert_allclose(metrics["value_loss"], expected_value, rtol=1e-5)
+    np.testing.assert_allclose(loss, expected_policy + 0.5 * expected_value, rtol=1e-5)
+
+
+def test_replay_keeps_weighted_positions_in_a_ring():
+    replay = replay_init(5, {"value": jnp.zeros(()), "weight": jnp.zeros(())})
+    add = jax.jit(replay_add)
+    replay = add(replay, {"value": jnp.array([1.0, 2.0, 3.0]),
+                          "weight": jnp.array([1.0, 0.0, 1.0])})
+    assert int(replay.size) == 2 and int(replay.next) == 2
+    np.testing.assert_array_equal(replay.items["value"][:2], [1.0, 3.0])
+    replay = add(replay, {"value": jnp.array([4.0, 5.0, 6.0, 7.0]),
+                          "weight": jnp.ones(4)})
+    # 6 positions kept in a ring of 5: the oldest (1.0) overwritten by 7.0.
+    assert int(replay.size) == 5 and int(replay.next) == 1
+    np.testing.assert_array_equal(replay.items["value"], [7.0, 3.0, 4.0, 5.0, 6.0])
+
+
+def _index(board: str) -> int:
+    """A board written row by row, "x" the mover's, "o" the opponent's, "." empty."""
+    return sum(".xo".index(c) * 3 ** i for i, c in enumerate(board))
+
+
+def test_minimax_on_hand_checked_positions():
+    value, optimal = baselines.minimax_table()
+    assert value[_index(".........")] == 0 and optimal[_index(".........")].all()
+    # The opponent took a corner: only the centre holds the draw.
+    assert value[_index("o........")] == 0
+    np.testing.assert_array_equal(np.nonzero(optimal[_index("o........")])[0], [4])
+    # Two of the mover's in a row with the third free: a win, only there (the opponent's
+    # threat on the middle row does not matter).
+    assert value[_index("xx.oo....")] == 1
+    np.testing.assert_array_equal(np.nonzero(optimal[_index("xx.oo....")])[0], [2])
+    # The opponent (o at 0 and 6) threatens 3: blocking is the only move that draws.
+    board = _index("o.x.x.o..")
+    assert value[board] == 0
+    np.testing.assert_array_equal(np.nonzero(optimal[board])[0], [3])
+    # The opponent has a fork (2 and 6) and the mover no immediate win: lost whatever it
+    # plays, so every free cell is as good.
+    board = _index("oo.ox...x")
+    assert value[board] == -1
+    np.testing.assert_array_equal(np.nonzero(optimal[board])[0], [2, 5, 6, 7])
+
+
+def test_minimax_does_not_lose():
+    env = pgx.make("tic_tac_toe")
+    minimax = baselines.make_minimax_player()
+    play = jax.jit(lambda k, opponent: baselines.match(env, minimax, opponent, k, 100),
+                   static_argnums=1)
+    against_random = np.asarray(play(jax.random.key(0), baselines.random_player))
+    assert (against_random >= 0).all() and (against_random > 0).mean() > 0.7
+    np.testing.assert_array_equal(play(jax.random.key(1), minimax), 0)  # Perfect play draws.
+
+
+def test_bad_game_id_is_one_line_and_exit_2(tmp_path):
+    out = subprocess.run(RUN + ["--agent=alphazero", "--platform=anakin",
+                                "--env=pgx:tic_tac_to", f"--logdir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pgx:tic_tac_toe" in lines[0] and "Traceback" not in out.stderr
+
+
+def _network_score(builder, program, params, key, num_games=200):
+    """The mean outcome against random of the network's own move (no search)."""
+    policy = builder.make_policy(program.networks, evaluation=True)
+
+    def player(key, state):
+        return policy(params, key, state, {}, None)[0]
+
+    play = jax.jit(lambda k: baselines.match(program.env, player, baselines.random_player, k,
+                                             num_games))
+    return float(np.mean(play(key)))
+
+
+@pytest.mark.slow
+def test_short_self_play_improves_against_random():
+    config = AlphaZeroConfig(unroll_length=9, batch_size=32, num_simulations=8,
+                             search="gumbel", min_replay_size=256, updates_per_iteration=8)
+    builder = AlphaZeroBuilder(config)
+    program = SelfPlayProgram(builder, make_env_factory("pgx:tic_tac_toe"))
+    state = program.init(jax.random.key(0))
+    before = _network_score(builder, program, state.train.params, jax.random.key(1))
+    for _ in range(60):
+        state, metrics = program.iterate(state)
+    after = _network_score(builder, program, state.train.params, jax.random.key(1))
+    assert int(state.train.step) == 59 * 8  # Learning starts once the first moves' games end.
+    assert after > before + 0.3 and after > 0.5, (before, after)
+
+
+@pytest.mark.slow
+def test_run_resume_and_evaluate(tmp_path):
+    """run.py writes metrics with evaluation games, --resume continues the counters from the
+    checkpoint, and evaluate.py plays the checkpoint against minimax."""
+    flags = ["--agent=alphazero", "--platform=anakin", "--env=pgx:tic_tac_toe",
+             "--unroll_length=9", "--batch_size=16", "--num_simulations=4",
+             "--eval_every_updates=40", "--eval_games=10", "--eval_opponent=minimax",
+             "--min_replay_size=100", f"--logdir={tmp_path}", "--quiet"]
+    first = subprocess.run(RUN + flags + ["--total_env_steps=2000"], capture_output=True,
+                           text=True, timeout=600, cwd=REPO)
+    assert first.returncode == 0, first.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "eval/win" in r]
+    assert evaluations and all(
+        abs(r["eval/win"] + r["eval/draw"] + r["eval/loss"] - 1) < 1e-6 for r in evaluations)
+    assert summary["episodes"] == 10 * len(evaluations)  # The evaluation games.
+    second = subprocess.run(RUN + [f"--resume={tmp_path}", "--total_env_steps=4000"],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert second.returncode == 0, second.stderr
+    resumed = json.loads((tmp_path / "summary.json").read_text())
+    assert resumed["resumed_from_env_steps"] == summary["env_steps"]
+    assert resumed["env_steps"] >= 4000 and resumed["learner_steps"] > summary["learner_steps"]
+    out = subprocess.run(EVALUATE + [str(tmp_path), "--episodes=10", "--opponent=random"],
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["opponent"] == "random" and result["episodes"] == 10
+    assert result["checkpoint_env_steps"] == resumed["env_steps"]
