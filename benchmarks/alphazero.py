@@ -1,7 +1,8 @@
 """AlphaZero on a pgx game: trains for M minutes from launch, then plays each baseline.
 
 Usage: python benchmarks/alphazero.py --game=GAME --minutes=M [--games=100] [--seed=0]
-       [--keep_run=DIR] [run.py's flags for the agent, e.g. --num_simulations=32]
+       [--baselines=random,mcts,minimax] [--keep_run=DIR] [run.py's flags for the agent,
+       e.g. --search=gumbel --num_simulations=32]
 
 `launch/run.py --agent=alphazero --platform=anakin --env=pgx:GAME` is started as a user starts
 it and stopped with Ctrl-C (SIGINT: a final checkpoint) M minutes after its launch, imports and
@@ -30,8 +31,9 @@ from trellis.builders.experiments.rundir import read_json
 from trellis.builders.experiments.self_play_run import restore_params
 from trellis.launch.flags import load_run
 
-SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.5", "--games=10", "--mcts_simulations=16",
-               "--unroll_length=9", "--num_simulations=8", "--eval_every_updates=0"]
+SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.3", "--games=2", "--baselines=random",
+               "--unroll_length=9", "--batch_size=8", "--num_simulations=2",
+               "--eval_every_updates=0"]
 RUN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch",
                       "run.py")
 
@@ -61,6 +63,8 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=10.0, help="training time from launch")
     p.add_argument("--games", type=int, default=100, help="games against each baseline")
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation games")
+    p.add_argument("--baselines", default=None,
+                   help="comma-separated (random, mcts, minimax); default: all the game has")
     p.add_argument("--keep_run", default=None, help="keep the run directory here")
     args, flags = p.parse_known_args()
     with tempfile.TemporaryDirectory() as runs:
@@ -71,7 +75,8 @@ def main() -> None:
         assert isinstance(builder, AlphaZeroBuilder)
         program, params, step, _ = restore_params(builder, env_factory,
                                                   settings.experiment.seed, run_dir)
-    baselines = ["random", "mcts"] + (["minimax"] if args.game == "tic_tac_toe" else [])
+    baselines = (args.baselines.split(",") if args.baselines else
+                 ["random", "mcts"] + (["minimax"] if args.game == "tic_tac_toe" else []))
     out: dict = {"game": args.game, "minutes": args.minutes, "games": args.games,
                  "mcts_simulations": builder.config.mcts_simulations,
                  "train": {k: summary.get(k) for k in (
