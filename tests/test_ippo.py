@@ -28,9 +28,9 @@ JAXMARL_IPPO_RETURN = -58.9
 def random_return(env_id: str, episodes: int = 500) -> float:
     """The team's mean return of a uniformly random policy."""
     factory = make_env_factory(env_id)
-    env = TeamEnv(factory.make())
-    returns = jax.jit(lambda key: play_episodes(env, random_policy(factory.spec()), None, {},
-                                                episodes, key))(jax.random.key(0))
+    env, policy = TeamEnv(factory.make()), random_policy(factory.spec())
+    returns = jax.jit(lambda key: play_episodes(env, policy, None, {}, episodes, key))(
+        jax.random.key(0))
     return float(np.mean(returns))
 
 
