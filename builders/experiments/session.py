@@ -107,7 +107,8 @@ class Summary:
 
 def check_supported(builder: Builder, platform: str, env_factory: Any = None) -> None:
     """Raises UnsupportedError when the agent's capabilities do not cover `platform`, or the
-    env (a multi-agent factory has `multi_agent = True`, envs/multi_agent.py)."""
+    env (a multi-agent factory has `multi_agent = True`, envs/multi_agent.py; a two-player
+    game `two_player_game = True`, envs/pgx_envs.py, for self-play agents only)."""
     capabilities = builder.capabilities
     name = type(builder).__name__
     multi_agent_env = bool(getattr(env_factory, "multi_agent", False))
@@ -123,6 +124,13 @@ def check_supported(builder: Builder, platform: str, env_factory: Any = None) ->
         # that does not fit them (a pattern matching no agent, agents of different spaces on
         # one policy) raises PolicyMappingError here, in one line, before any node starts.
         builder.make_networks(env_factory.spec())
+    game = bool(getattr(env_factory, "two_player_game", False))
+    if env_factory is not None and game != (capabilities.learns_from == SELF_PLAY):
+        env = getattr(env_factory, "env_id", repr(env_factory))
+        raise UnsupportedError(
+            f"{env} is a two-player game, which {name} does not learn (use --agent=alphazero)"
+            if game else f"{name} learns by self-play in two-player games, e.g. "
+            f"--env=pgx:tic_tac_toe; {env} is not one")
     if platform == ANAKIN and capabilities.recurrent:
         raise UnsupportedError(
             f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
