@@ -34,15 +34,12 @@ from trellis.builders.experiments.platforms import Platform, PopulationSettings
 from trellis.builders.experiments.stop import SIGNAL, StopRule
 
 
-def _check(builder: Any, env_factory: Any, settings: Platform) -> None:
+def _check(builder: Any, settings: Platform) -> None:
     if not isinstance(settings, PopulationSettings):
         raise AnakinError(f"{type(builder).__name__} self-plays on the device: use "
                           "--platform=anakin")
     if settings.num_seeds != 1 or settings.pbt is not None:
         raise AnakinError(f"{type(builder).__name__} trains one member: --num_seeds=1, no --pbt")
-    if not getattr(env_factory, "two_player_game", False):
-        raise AnakinError(f"{type(builder).__name__} self-plays two-player games, e.g. "
-                          f"--env=pgx:tic_tac_toe; {env_factory.env_id!r} is not one")
 
 
 class SelfPlayProgram:
@@ -203,8 +200,9 @@ def execution(builder: Any, env_factory: Any, config: Any, run_dir: str, setting
     """Self-play on anakin (the session's table's signature; nothing to be quiet about).
 
     Raises:
-      AnakinError: another platform, a population, or an env that is not a two-player game.
+      AnakinError: another platform, or a population (`session.check_supported` has checked
+        the env is a two-player game).
     """
     del quiet
-    _check(builder, env_factory, settings)
+    _check(builder, settings)
     return SelfPlayRun(builder, env_factory, config, run_dir, StopRule.of(config), resume)
