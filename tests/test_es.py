@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.test_clean_exit import Run, _assert_clean
 from trellis.agents.es import ESBuilder, ESConfig, losses
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.es_node import ESLearnerNode, ESWorker, state_checksum
@@ -316,4 +318,33 @@ def test_open_es_solves_cartpole_on_local_mp_with_two_workers(tmp_path):
                       "--num_actors=2", "--total_env_steps=5000000")
     assert summary["stopped_by"] == "return_target" and summary["mean_return"] >= 475, summary
     with open(tmp_path / "metrics.jsonl") as f:
+        assert all(json.loads(line).get("learner/resyncs", 0) == 0 for line in f)
+
+
+@pytest.mark.slow
+def test_a_killed_env_worker_comes_back_and_the_search_goes_on(tmp_path):
+    """local_mp: an ES env worker killed mid-run is restarted (it fetches the search state
+    and plays its members again); the run reaches its budget with no resync."""
+    def generations():
+        try:
+            with open(run.run_dir / "metrics.jsonl") as f:
+                return max((json.loads(line).get("learner_steps", 0)
+                            for line in f if line.endswith("}\n")), default=0)
+        except FileNotFoundError:
+            return 0
+
+    def comm(pid):
+        with open(f"/proc/{pid}/comm") as f:  # local_mp names each node's process by label.
+            return f.read().strip()
+
+    run = Run(tmp_path, "--agent=es", "--total_env_steps=3000000", "--stop_at_return=none",
+              "--platform=local_mp", "--max_actor_restarts=1")
+    run.poll_until(lambda: generations() >= 3, "three generations")
+    (victim,) = [pid for pid in run.node_pids() if comm(pid) == "actor/1"]
+    os.kill(victim, signal.SIGKILL)
+    finished = run.finish()
+    assert finished.summary.get("node_restarts") == {"actor/1": 1}, finished.out
+    _assert_clean(finished, 0, "budget")
+    assert finished.summary["learner_steps"] > 3
+    with open(run.run_dir / "metrics.jsonl") as f:
         assert all(json.loads(line).get("learner/resyncs", 0) == 0 for line in f)
