@@ -24,14 +24,15 @@ from trellis.builders.experiments.es_node import ESLearnerNode, ESWorker, state_
 from trellis.builders.experiments.es_run import make_generation
 from trellis.builders.experiments.session import run_experiment
 from trellis.envs import make_env_factory
-from trellis.launch import run
+from trellis.launch import run as run_py
 from trellis.launch.runtime import node_context, rpc
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def numpy_centered_ranks(x: np.ndarray) -> np.ndarray:
-    """The paper's code (openai/evolution-strategies-starter, es.py), in float64."""
+    """Centred ranks as the paper's code defines them (each value's rank over N - 1, minus
+    0.5), in float64; ties in index order."""
     ranks = np.empty(len(x), dtype=np.int64)
     ranks[x.argsort(kind="stable")] = np.arange(len(x))
     return ranks.astype(np.float64) / (x.size - 1) - 0.5
@@ -272,7 +273,7 @@ def test_es_learns_on_anakin(tmp_path):
 
 
 def test_es_refuses_a_population_of_populations(tmp_path, capsys):
-    code = run.main(["--agent=es", "--platform=anakin", "--env=gymnax:CartPole-v1",
+    code = run_py.main(["--agent=es", "--platform=anakin", "--env=gymnax:CartPole-v1",
                      "--num_seeds=2", f"--logdir={tmp_path}"])
     err = capsys.readouterr().err
     assert code == 2
