@@ -19,7 +19,9 @@ from trellis.agents.alphazero import AlphaZeroBuilder, AlphaZeroConfig, baseline
 from trellis.agents.alphazero.losses import alphazero_loss, value_targets
 from trellis.agents.alphazero.search import make_search
 from trellis.agents.alphazero.self_play import replay_add, replay_init
+from trellis.agents.ppo import PPOBuilder, PPOConfig
 from trellis.builders.experiments.self_play_run import SelfPlayProgram
+from trellis.builders.experiments.session import UnsupportedError, check_supported
 from trellis.envs import make_env_factory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -241,3 +243,13 @@ def test_run_resume_and_evaluate(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["opponent"] == "random" and result["episodes"] == 10
     assert result["checkpoint_env_steps"] == resumed["env_steps"]
+
+
+def test_games_are_for_self_play_agents_only():
+    with pytest.raises(UnsupportedError, match="two-player game.*--agent=alphazero"):
+        check_supported(PPOBuilder(PPOConfig()), "anakin", make_env_factory("pgx:connect_four"))
+    with pytest.raises(UnsupportedError, match="self-play in two-player games"):
+        check_supported(AlphaZeroBuilder(AlphaZeroConfig()), "anakin",
+                        make_env_factory("gymnax:CartPole-v1"))
+    check_supported(AlphaZeroBuilder(AlphaZeroConfig()), "anakin",
+                    make_env_factory("pgx:connect_four"))
