@@ -30,6 +30,8 @@ DIST = "trellis_rl"
 # Flags an agent needs beyond run.py's defaults (an env it supports). Every agent registered in
 # agents/registry.py is run, with no extra flags unless it is listed here.
 AGENT_FLAGS = {
+    "alphazero": ["--platform=anakin", "--env=pgx:tic_tac_toe", "--unroll_length=9",
+                  "--batch_size=8", "--num_simulations=2", "--eval_every_updates=0"],
     "sac": ["--env=Pendulum-v1"],
 }
 AGENT_RUNS = sorted(AGENTS)
