@@ -20,6 +20,7 @@ from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
 from trellis.envs.jaxmarl_envs import JaxMARLFactory, is_jaxmarl_id
 from trellis.envs.pettingzoo_envs import PettingZooFactory, is_pettingzoo_id
 from trellis.envs.pgx_envs import PgxFactory, is_pgx_id
+from trellis.envs.playground_envs import PlaygroundFactory, is_playground_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 # Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium),
@@ -46,9 +47,11 @@ def _adapters(env_id: str) -> list:
 
 
 def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory
-                                      | PgxFactory | PettingZooFactory | JaxMARLFactory):
-    """The factory for an id: "gymnax:ID" and "brax:NAME" give gymnax's and Brax's envs (JAX,
-    for --platform=anakin), "pgx:GAME" pgx's two-player games (JAX, for self-play on anakin),
+                                      | PgxFactory | PettingZooFactory | JaxMARLFactory
+                                      | PlaygroundFactory):
+    """The factory for an id: "gymnax:ID", "brax:NAME" and "playground:NAME" give gymnax's,
+    Brax's and MuJoCo Playground's envs (JAX, for --platform=anakin), "pgx:GAME" pgx's
+    two-player games (JAX, for self-play on anakin),
     "envpool:ID" batches of envpool's envs for env workers, "pettingzoo:FAMILY/NAME" PettingZoo's
     parallel multi-agent envs for env workers, "jaxmarl:ID" JaxMARL's multi-agent envs (JAX, for
     anakin; "warehouses" too), anything else a Gymnasium id."""
@@ -58,6 +61,8 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
         return PgxFactory(env_id)
     if is_brax_id(env_id):
         return BraxFactory(env_id)
+    if is_playground_id(env_id):
+        return PlaygroundFactory(env_id)
     if is_envpool_id(env_id):
         return EnvpoolFactory(env_id)
     if is_pettingzoo_id(env_id):
