@@ -31,11 +31,15 @@ EVALUATE = [sys.executable, os.path.join(REPO, "launch", "evaluate.py")]
 
 def _positions(env, key, num_games, plies):
     """Games after `plies` random moves (none of them over, for tic-tac-toe's 4 plies)."""
-    init_key, key = jax.random.split(key)
-    state = jax.vmap(env.init)(jax.random.split(init_key, num_games))
-    for k in jax.random.split(key, plies):
-        state = jax.vmap(env.step)(state, baselines.random_player(k, state))
-    return state
+
+    def play(key):
+        init_key, key = jax.random.split(key)
+        state = jax.vmap(env.init)(jax.random.split(init_key, num_games))
+        for k in jax.random.split(key, plies):
+            state = jax.vmap(env.step)(state, baselines.random_player(k, state))
+        return state
+
+    return jax.jit(play)(key)  # One program: op by op, pgx's many small ops take seconds.
 
 
 def _reference_recurrent_fn(env, network):
@@ -63,7 +67,7 @@ def test_search_policy_equals_mctx(search, evaluation):
     builder = AlphaZeroBuilder(config)
     network = builder.make_networks(make_env_factory("pgx:tic_tac_toe").spec())
     state = _positions(env, jax.random.key(1), 8, 3)
-    params = network.init(jax.random.key(2), state.observation)
+    params = jax.jit(network.init)(jax.random.key(2), state.observation)
     key = jax.random.key(3)
     ours = jax.jit(make_search(env, network, config, evaluation))(params, key, state)
 
