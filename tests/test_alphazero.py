@@ -269,7 +269,8 @@ def test_games_are_for_self_play_agents_only():
 
 
 # The tic-tac-toe settings docs/alphazero.md reports (benchmarks/alphazero.py passes them on).
-TIC_TAC_TOE_FLAGS = ["--search=gumbel", "--unroll_length=9", "--eval_every_updates=0"]
+TIC_TAC_TOE_FLAGS = ["--search=gumbel", "--num_simulations=64", "--unroll_length=9",
+                     "--eval_every_updates=0"]
 
 
 @pytest.mark.slow
