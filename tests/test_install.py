@@ -33,6 +33,9 @@ AGENT_FLAGS = {
     "alphazero": ["--platform=anakin", "--env=pgx:tic_tac_toe", "--unroll_length=9",
                   "--batch_size=8", "--num_simulations=2", "--eval_every_updates=0"],
     "sac": ["--env=Pendulum-v1"],
+    # Multi-agent: the JAX warehouses example (needs no extra), on anakin.
+    **{agent: ["--platform=anakin", "--env=warehouses", "--unroll_length=8", "--batch_size=4",
+               "--num_minibatches=2"] for agent in ("ippo", "mappo")},
 }
 AGENT_RUNS = sorted(AGENTS)
 ENV_STEPS = 300
