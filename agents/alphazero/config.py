@@ -64,6 +64,9 @@ class AlphaZeroConfig(AgentConfig):
     def check(self) -> None:
         if self.min_replay_size > self.replay_size:
             raise self.invalid("min_replay_size", f"<= replay_size = {self.replay_size}")
+        if self.replay_size < self.positions_per_iteration:
+            raise self.invalid("replay_size", f">= unroll_length * batch_size = "
+                               f"{self.positions_per_iteration} (an iteration's positions)")
         if self.eval_games % 2:
             raise self.invalid("eval_games", "even (half the games with each side first)")
 
