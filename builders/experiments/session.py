@@ -131,6 +131,12 @@ def check_supported(builder: Builder, platform: str, env_factory: Any = None) ->
             f"{env} is a two-player game, which {name} does not learn (use --agent=alphazero)"
             if game else f"{name} learns by self-play in two-player games, e.g. "
             f"--env=pgx:tic_tac_toe; {env} is not one")
+    if (capabilities.learns_from == EPISODES and env_factory is not None
+            and env_factory.spec().pixels):
+        raise UnsupportedError(
+            f"{name} evolves an MLP on vector observations; "
+            f"{getattr(env_factory, 'env_id', env_factory)} gives images (use an agent with a "
+            "conv torso, e.g. --agent=impala)")
     if platform == ANAKIN and capabilities.recurrent:
         raise UnsupportedError(
             f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
