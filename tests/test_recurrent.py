@@ -232,7 +232,7 @@ def test_pixel_observations_go_through_the_impala_resnet_torso_then_the_lstm():
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["--agent=ppo", "--core=lstm"], "--core is a setting of impala, not of ppo"),
+    (["--agent=ppo", "--core=lstm"], "--core is a setting of iimpala, impala, not of ppo"),
     (["--agent=impala", "--core=gru"], "--core must be one of 'none', 'lstm', got 'gru'"),
 ])
 def test_core_flag_errors_are_one_line_and_exit_2(argv, expected, capsys):
