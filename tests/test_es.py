@@ -22,7 +22,11 @@ from trellis.agents.es import ESBuilder, ESConfig, losses
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.es_node import ESLearnerNode, ESWorker, state_checksum
 from trellis.builders.experiments.es_run import make_generation
-from trellis.builders.experiments.session import run_experiment
+from trellis.builders.experiments.session import (
+    UnsupportedError,
+    check_supported,
+    run_experiment,
+)
 from trellis.envs import make_env_factory
 from trellis.launch import run as run_py
 from trellis.launch.runtime import node_context, rpc
@@ -295,6 +299,13 @@ def test_es_learns_on_anakin(tmp_path):
     assert {"learner/fitness_max", "learner/fitness_std", "learner/generation"} <= set(
         records[-1])
     assert os.path.isdir(tmp_path / "checkpoints")
+
+
+def test_es_refuses_pixels():
+    with pytest.raises(UnsupportedError, match="MLP on vector observations; "
+                       "gymnax:Breakout-MinAtar gives images"):
+        check_supported(ESBuilder(ESConfig()), "anakin", make_env_factory(
+            "gymnax:Breakout-MinAtar"))
 
 
 def test_es_refuses_a_population_of_populations(tmp_path, capsys):
