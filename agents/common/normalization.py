@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -29,6 +30,25 @@ def update_moments(moments: Mapping[str, jax.Array], x: jax.Array) -> dict[str, 
     delta = jnp.mean(x, axis=0) - moments["mean"]
     m2 = moments["var"] * n_a + jnp.var(x, axis=0) * n_b + jnp.square(delta) * n_a * n_b / n
     return {"count": n, "mean": moments["mean"] + delta * n_b / n, "var": m2 / n}
+
+
+def observe(params: Mapping[str, Any], obs: jax.Array) -> dict[str, Any]:
+    """`params` with every normalizer's moments (`OBS_NORM`) merged with `obs` [..., *shape];
+    `params` unchanged when they hold none. Learners call it on each batch before their loss,
+    so the loss and the params published next use the same moments."""
+    if OBS_NORM not in params:
+        return dict(params)
+    return {**params, OBS_NORM: {module: update_moments(m, obs)  # {"normalizer": moments}
+                                 for module, m in params[OBS_NORM].items()}}
+
+
+def keep_moments(new_params: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """`new_params` (after an optimizer step) with `params`' moments: their gradient is zero
+    (the normalizer stops it), but no optimizer update is theirs to apply; they stay exactly
+    the moments of the data."""
+    if OBS_NORM not in params:
+        return dict(new_params)
+    return {**new_params, OBS_NORM: params[OBS_NORM]}
 
 
 class ObservationNormalizer(nn.Module):

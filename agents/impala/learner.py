@@ -10,14 +10,13 @@ import jax.numpy as jnp
 import optax
 
 from trellis.agents.common import (
-    OBS_NORM,
     Batch,
     DataParallelLearner,
     TrainingState,
     init_training_state,
     make_optimizer,
-    update_moments,
 )
+from trellis.agents.common.normalization import keep_moments, observe
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.losses import impala_loss
 from trellis.agents.impala.networks import ImpalaNetworks
@@ -62,22 +61,13 @@ def make_update(
         return jnp.mean(losses), jax.tree.map(jnp.mean, metrics)
 
     def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
-        params = state.params
-        if OBS_NORM in params:
-            # The moments take in this batch first, so the loss and the params published
-            # next use the same ones. Step 0 repeats the previous unroll's last step.
-            moments = {module: update_moments(m, batch["obs"][1:])  # {"normalizer": moments}
-                       for module, m in params[OBS_NORM].items()}
-            params = {**params, OBS_NORM: moments}
+        # Step 0 repeats the previous unroll's last step: its observation is merged already.
+        params = observe(state.params, batch["obs"][1:])
         (loss, metrics), grads = jax.value_and_grad(batch_loss, has_aux=True)(
             params, batch, state.hparams["entropy_cost"]
         )
         updates, opt_state = optimizer.update(grads, state.opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        if OBS_NORM in params:
-            # Their gradient is zero (the normalizer stops it), but the optimizer's update is
-            # not theirs to apply: they stay exactly the moments of the data.
-            new_params = {**new_params, OBS_NORM: params[OBS_NORM]}
+        new_params = keep_moments(optax.apply_updates(params, updates), params)
         key, _ = jax.random.split(state.key)
         metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
         return state.replace(params=new_params, opt_state=opt_state, key=key,

@@ -50,6 +50,12 @@ class PPOConfig(AgentConfig):
     value_cost: float = setting(0.5, "weight of the value loss", ge=0)
     entropy_cost: float = setting(0.0, "weight of the entropy bonus", ge=0)
 
+    # Scales (Brax's PPO `normalize_observations` and `reward_scaling`, which its published
+    # settings for physics tasks use: agents/ppo/README.md).
+    normalize_observations: bool = setting(
+        False, "normalise vector observations by running moments (in the params, checkpointed)")
+    reward_scale: float = setting(1.0, "the learner multiplies rewards by this", gt=0)
+
     def check(self) -> None:
         if self.num_transitions % self.num_minibatches:
             raise self.invalid(

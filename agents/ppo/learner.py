@@ -18,6 +18,7 @@ from trellis.agents.common import (
     init_training_state,
     make_optimizer,
 )
+from trellis.agents.common.normalization import keep_moments, observe
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.losses import (
     generalized_advantage_estimation,
@@ -49,7 +50,8 @@ def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch) -> 
     )(batch["first"][1:], batch["terminated"][1:], batch["truncated"][1:])  # [T, B] each
     values = batch["value"].astype(jnp.float32)  # [T+1, B]
     advantages = jax.vmap(generalized_advantage_estimation, in_axes=1, out_axes=1)(
-        batch["reward"][1:].astype(jnp.float32), discount_t, lambda_t, values
+        batch["reward"][1:].astype(jnp.float32) * config.reward_scale, discount_t, lambda_t,
+        values
     ) * mask  # [T, B]
     transitions = {
         "obs": batch["obs"][:-1],
@@ -133,7 +135,7 @@ def make_update(
         (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
             params, mb, entropy_cost)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        params = keep_moments(optax.apply_updates(params, updates), params)
         return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
 
     def shard(x):
@@ -153,9 +155,11 @@ def make_update(
     def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
         transitions = make_transitions(networks, config, batch)
         keys = jax.random.split(state.key, config.num_epochs + 1)
+        # Step 0 repeats the previous unroll's last step: its observation is merged already.
+        params = observe(state.params, batch["obs"][1:])
         (params, opt_state), metrics = jax.lax.scan(
             functools.partial(epoch, transitions, state.hparams["entropy_cost"]),
-            (state.params, state.opt_state), keys[1:]
+            (params, state.opt_state), keys[1:]
         )
         metrics = jax.tree.map(jnp.mean, metrics)
         return state.replace(params=params, opt_state=opt_state, key=keys[0],

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from trellis.agents.common import diagonal_gaussian_log_prob, make_torso
+from trellis.agents.common import ObservationNormalizer, diagonal_gaussian_log_prob, make_torso
 from trellis.envs.specs import EnvSpec
 
 DistParams = Any  # logits [..., A], or (mean, log_std) each [..., D].
@@ -102,9 +102,12 @@ class ActorCritic(nn.Module):
     value_torso: nn.Module
     num_outputs: int
     gaussian: bool
+    normalizer: nn.Module | None = None
 
     @nn.compact
     def __call__(self, obs):
+        if self.normalizer is not None:
+            obs = self.normalizer(obs)
         # Small policy init: actions start near uniform (or mean 0), as in the PPO paper's
         # code; the value head starts at unit scale.
         out = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01))(
@@ -129,8 +132,11 @@ class PPONetworks:
     distribution: ActionDistribution
 
 
-def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> PPONetworks:
-    """Categorical policy for Discrete actions, diagonal Gaussian for 1-D Box actions.
+def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
+                  normalize_observations: bool = False) -> PPONetworks:
+    """Categorical policy for Discrete actions, diagonal Gaussian for 1-D Box actions; with
+    `normalize_observations`, vector observations are normalised by running moments that the
+    learner keeps in the params' "obs_norm" collection (`ObservationNormalizer`).
 
     Raises:
       ValueError: Box actions of rank other than 1, or without finite bounds.
@@ -153,6 +159,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> PPONetworks:
         value_torso=make_torso(spec, hidden_sizes),
         num_outputs=num_outputs,
         gaussian=not spec.discrete,
+        normalizer=(ObservationNormalizer(spec.observation_shape)
+                    if normalize_observations and not spec.pixels else None),
     )
     dummy = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
     return PPONetworks(
