@@ -6,9 +6,10 @@ Usage: python benchmarks/alphazero.py --game=GAME --minutes=M [--games=100] [--s
 
 `launch/run.py --agent=alphazero --platform=anakin --env=pgx:GAME` is started as a user starts
 it and stopped with Ctrl-C (SIGINT: a final checkpoint) M minutes after its launch, imports and
-compilation included; the checkpoint's search then plays `--games` games against each
-baseline of agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations,
-minimax on tic-tac-toe), half of them moving first. Prints a line per baseline, then one JSON
+compilation included (or at its first metrics record, if its start-up took longer); the
+checkpoint's search then plays `--games` games against each baseline of
+agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations, minimax on
+tic-tac-toe), half of them moving first. Prints a line per baseline, then one JSON
 line: {"vs_minimax": {"win", "draw", "loss"}, "vs_random": ..., "vs_mcts": ..., "train": ...}.
 """
 
@@ -31,7 +32,7 @@ from trellis.builders.experiments.rundir import read_json
 from trellis.builders.experiments.self_play_run import restore_params
 from trellis.launch.flags import load_run
 
-SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.3", "--games=2", "--baselines=random",
+SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.1", "--games=2", "--baselines=random",
                "--unroll_length=9", "--batch_size=8", "--num_simulations=2",
                "--eval_every_updates=0"]
 RUN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch",
@@ -45,9 +46,15 @@ def train(game: str, minutes: float, run_dir: str, flags: list[str]) -> dict:
                "--total_env_steps=1000000000", *flags]
     launched = time.monotonic()
     process = subprocess.Popen(command)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
     try:
         process.wait(timeout=minutes * 60)
     except subprocess.TimeoutExpired:
+        # Ctrl-C stops a run cleanly once its session runs (its first record is written);
+        # before that (start-up longer than M minutes) it would only interrupt the start.
+        while process.poll() is None and not (
+                os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+            time.sleep(0.5)
         process.send_signal(signal.SIGINT)
         process.wait()
     summary_path = os.path.join(run_dir, "summary.json")
