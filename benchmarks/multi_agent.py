@@ -7,13 +7,14 @@ Every figure comes from `launch/run.py` started as a user starts it (process sta
 and compilation included), read back from its run directory:
   - the team's mean return (the sum over agents of their episode rewards, mean of the last 100
     episodes) against env steps and wall time (metrics.jsonl), and at the end;
-  - steady env steps/s (after the first compiled call, summary.json);
+  - env steps/s: anakin's steady rate (after the first compiled call, summary.json), the host's
+    over the whole session;
   - the floor: a uniformly random policy's mean return over --random_episodes episodes;
   - the reference: JaxMARL's published IPPO settings for MPE (`REFERENCE`), which are
     Trellis's IPPO defaults, and the result of JaxMARL's own IPPO with them.
-Platforms: anakin (`--env=jaxmarl:MPE_simple_spread_v3`, JaxMARL's env stepped in the jitted
-program). The host platforms' part (local_mp on mpe2's simple_spread through PettingZoo) goes
-beside it in `PLATFORMS`.
+Platforms (`--platforms`): anakin (`--env=jaxmarl:MPE_simple_spread_v3`, JaxMARL's env stepped
+in the jitted program) and local_mp (`--env=pettingzoo:mpe2/simple_spread_v3`, mpe2's env
+through PettingZoo in 2 env-worker processes of 8 envs, with mpe2's random floor).
 Prints a table, then one JSON line.
 """
 
@@ -68,13 +69,14 @@ def random_return(episodes: int) -> float:
     return float(np.mean(returns))
 
 
-def anakin(agent: str, seed: int, args: argparse.Namespace, runs: str) -> dict:
+def _run(agent: str, seed: int, args: argparse.Namespace, runs: str, platform: str, env: str,
+         flags: list[str]) -> dict:
     """One run.py process: its curve (env steps, wall time, return), result and speed."""
     logdir = tempfile.mkdtemp(dir=runs)
     cmd = [sys.executable, os.path.join(REPO, "launch", "run.py"), f"--agent={agent}",
-           "--platform=anakin", f"--env={ENV}", "--quiet", f"--seed={seed}",
+           f"--platform={platform}", f"--env={env}", "--quiet", f"--seed={seed}",
            f"--total_env_steps={args.total_env_steps}", "--log_every_s=10",
-           f"--updates_per_call={args.updates_per_call}", f"--logdir={logdir}"]
+           f"--logdir={logdir}", *flags]
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     with open(os.path.join(logdir, "summary.json")) as f:
         summary = json.load(f)
@@ -82,14 +84,54 @@ def anakin(agent: str, seed: int, args: argparse.Namespace, runs: str) -> dict:
         records = [json.loads(line) for line in f]
     curve = [[r["env_steps"], r["wall_time_s"], r["return_mean"]] for r in records
              if r.get("return_mean") is not None]
-    return {"agent": agent, "platform": "anakin", "seed": seed,
+    # Anakin's rate after its first compiled call; the host's over the whole session.
+    rate = summary.get("steady_env_steps_per_s", summary["env_steps_per_s"])
+    return {"agent": agent, "platform": platform, "seed": seed,
             "env_steps": summary["env_steps"], "wall_time_s": summary["wall_time_s"],
-            "final_return": summary["mean_return"],
-            "steady_env_steps_per_s": summary["steady_env_steps_per_s"], "curve": curve}
+            "final_return": summary["mean_return"], "steady_env_steps_per_s": rate,
+            "curve": curve}
+
+
+def anakin(agent: str, seed: int, args: argparse.Namespace, runs: str) -> dict:
+    """JaxMARL's simple_spread stepped inside the jitted program."""
+    return _run(agent, seed, args, runs, "anakin", ENV,
+                [f"--updates_per_call={args.updates_per_call}"])
+
+
+# The host platforms: mpe2's simple_spread through PettingZoo (the same MPE scenario; its
+# random floor is `host_random_return`), 2 env workers of 8 envs (IPPO's 16 envs per update).
+HOST_ENV = "pettingzoo:mpe2/simple_spread_v3"
+
+
+def local_mp(agent: str, seed: int, args: argparse.Namespace, runs: str) -> dict:
+    """Env workers and the learner node in processes of their own; steps/s over the session
+    (start-up included)."""
+    return _run(agent, seed, args, runs, "local_mp", HOST_ENV,
+                ["--num_actors=2", "--envs_per_actor=8"])
+
+
+def host_random_return(episodes: int) -> float:
+    """A uniformly random policy's mean team return on mpe2's simple_spread (numpy)."""
+    import numpy as np
+
+    from trellis.envs import make_env_factory
+    from trellis.envs.multi_agent import episode_done
+
+    factory = make_env_factory(HOST_ENV)
+    spec, rng = factory.spec(), np.random.default_rng(0)
+    envs = factory.make_vector(episodes, seed=0)
+    total, running = np.zeros(episodes), np.ones(episodes, bool)
+    while running.any():
+        step = envs.step({a: rng.integers(0, spec.specs[a].num_actions, episodes)
+                          for a in spec.agents})
+        total += running * sum(step.reward[a] for a in spec.agents)
+        running &= ~np.asarray(episode_done(step, spec.agents))
+    envs.close()
+    return float(np.mean(total))
 
 
 # How each platform runs the agent: (agent, seed, the flags, runs dir) -> result.
-PLATFORMS = {"anakin": anakin}
+PLATFORMS = {"anakin": anakin, "local_mp": local_mp}
 
 
 def main() -> None:
@@ -109,8 +151,11 @@ def main() -> None:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     results.append(PLATFORMS[platform](agent, seed, args, runs))
     floor = random_return(args.random_episodes)
-    print(f"MPE simple_spread (N=3), {cpu_count()} cores; random policy {floor:.1f}; JaxMARL's "
-          f"IPPO {REFERENCE['return_at_1e7_env_steps']} at 1e7 env steps")
+    platforms = args.platforms.split(",")
+    host_floor = host_random_return(args.random_episodes) if "local_mp" in platforms else None
+    print(f"MPE simple_spread (N=3), {cpu_count()} cores; random policy {floor:.1f} (JaxMARL's)"
+          + ("" if host_floor is None else f", {host_floor:.1f} (mpe2's)")
+          + f"; JaxMARL's IPPO {REFERENCE['return_at_1e7_env_steps']} at 1e7 env steps")
     print(f"{'agent':6} {'platform':9} {'seed':>4} {'env steps':>11} {'wall s':>8} "
           f"{'return':>8} {'steps/s':>9}")
     for r in results:
@@ -118,6 +163,7 @@ def main() -> None:
               f"{r['wall_time_s']:8.1f} {r['final_return']:8.1f} "
               f"{r['steady_env_steps_per_s']:9,.0f}")
     print(json.dumps({**rounded({"env": ENV, "cores": cpu_count(), "random_return": floor,
+                                 "host_env": HOST_ENV, "host_random_return": host_floor,
                                  "results": results}), "reference": REFERENCE}))
 
 
