@@ -27,9 +27,8 @@ import time
 import jax
 
 from trellis.agents.alphazero import AlphaZeroBuilder
-from trellis.agents.alphazero.baselines import outcome_rates
 from trellis.builders.experiments.rundir import read_json
-from trellis.builders.experiments.self_play_run import restore_params
+from trellis.builders.experiments.self_play_run import outcome_rates, restore_params
 from trellis.launch.flags import load_run
 
 SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.1", "--games=2", "--baselines=random",
@@ -91,8 +90,7 @@ def main() -> None:
                      "self_play_games", "env_steps_per_s", "steady_env_steps_per_s")}}
     for i, name in enumerate(baselines):
         started = time.monotonic()
-        outcomes = program.outcomes(params, name, jax.random.key(args.seed + i), args.games,
-                                    builder.config.mcts_simulations)
+        outcomes = program.outcomes(params, name, jax.random.key(args.seed + i), args.games)
         rates = outcome_rates(outcomes)
         out[f"vs_{name}"] = rates
         print(f"vs {name:<8} win {rates['win']:.2f}  draw {rates['draw']:.2f}  loss "

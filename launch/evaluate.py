@@ -36,7 +36,7 @@ from trellis.builders.experiments.checkpointing import (  # noqa: E402
     checkpoint_dir,
 )
 from trellis.builders.experiments.evaluation import run_episodes, summarize  # noqa: E402
-from trellis.builders.experiments.self_play_run import restore_params  # noqa: E402
+from trellis.builders.experiments.self_play_run import outcome_rates, restore_params  # noqa: E402
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, load_run  # noqa: E402
 
 
@@ -166,13 +166,12 @@ def _evaluate_self_play(args: argparse.Namespace, settings: RunSettings) -> dict
         program, params, step, progress = restore_params(
             builder, env_factory, settings.experiment.seed, args.run_dir, args.step)
         outcomes = program.outcomes(params, opponent, jax.random.key(args.seed),
-                                    args.episodes, builder.config.mcts_simulations)
+                                    args.episodes)
     except (AnakinError, CheckpointError) as e:
         raise _Error(str(e)) from e
     result = summarize(outcomes.tolist())
     result.update(checkpoint_env_steps=step, learner_steps=progress.get("learner_steps"),
-                  opponent=opponent, win=float(np.mean(outcomes > 0)),
-                  draw=float(np.mean(outcomes == 0)), loss=float(np.mean(outcomes < 0)))
+                  opponent=opponent, **outcome_rates(outcomes))
     return result
 
 

@@ -196,10 +196,3 @@ def make_opponent(name: str, env: Any, mcts_simulations: int) -> Player:
                              "(use random or mcts)")
         return make_minimax_player()
     raise ValueError(f"unknown baseline {name!r}; choose one of: random, mcts, minimax")
-
-
-def outcome_rates(outcomes: np.ndarray) -> dict[str, float]:
-    """{"win", "draw", "loss"} fractions of outcomes (1, 0, -1)."""
-    outcomes = np.asarray(outcomes)
-    return {"win": float(np.mean(outcomes > 0)), "draw": float(np.mean(outcomes == 0)),
-            "loss": float(np.mean(outcomes < 0))}

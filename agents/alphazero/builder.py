@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trellis.agents.alphazero.baselines import Player
+from trellis.agents.alphazero.baselines import Player, make_opponent, match
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.learner import make_training
 from trellis.agents.alphazero.networks import PolicyValueNet, make_networks
@@ -56,6 +56,21 @@ class AlphaZeroBuilder(AgentBuilder):
         (agents/alphazero/baselines.py plays it against the baselines)."""
         search = make_search(env, networks, self.config, evaluation=True)
         return lambda key, games: search(params, key, games).action
+
+    def make_match(self, networks: PolicyValueNet, env: Any, opponent: str, num_games: int):
+        """`play(params, key) -> outcomes [num_games]` (1, 0, -1): the search (no noise)
+        against the baseline `opponent` (agents/alphazero/baselines.py), half moving first.
+
+        Raises:
+          ValueError: an unknown baseline, or one that does not play this game.
+        """
+        baseline = make_opponent(opponent, env, self.config.mcts_simulations)
+
+        def play(params, key):
+            return match(env, self.make_search_player(networks, env, params), baseline, key,
+                         num_games)
+
+        return play
 
     def make_training(self, networks: PolicyValueNet, spec: EnvSpec) -> Training:
         return make_training(networks, spec, self.config)

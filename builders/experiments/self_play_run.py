@@ -4,10 +4,11 @@ is self-play with search on the device (`Capabilities(learns_from=SELF_PLAY)`: A
 Each `advance` is one compiled call of the agent's `iterate` (its `make_self_play`): moves of
 all games chosen by the search, positions into the replay on the device, SGD steps. Every
 `eval_every_updates` SGD steps (and once at the start of a session) the agent's search plays
-`eval_games` games against the agent's `eval_opponent` (agents/alphazero/baselines.py), half
-with each side moving first; metrics.jsonl gets the win, draw and loss rates, and the games'
-outcomes (1, 0, -1 for the agent) are the run's episode returns, so `mean_return`, the
-learning curve and `--stop_at_return` speak of the score against the baseline.
+`eval_games` games against the agent's `eval_opponent` (the builder's `make_match`; AlphaZero's
+baselines are agents/alphazero/baselines.py), half with each side moving first;
+metrics.jsonl gets the win, draw and loss rates, and the games' outcomes (1, 0, -1 for the
+agent) are the run's episode returns, so `mean_return`, the learning curve and
+`--stop_at_return` speak of the score against the baseline.
 
 The session's signals, run directory, checkpoints (the whole loop's state: params, optimizer,
 replay, games in progress), resume and stop rule are those of every platform; env steps are
@@ -25,7 +26,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis.agents.alphazero.baselines import make_opponent, match, outcome_rates
 from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.counter import CounterSnapshot
@@ -58,21 +58,35 @@ class SelfPlayProgram:
         self.init, self.iterate = jax.jit(init), jax.jit(iterate)
         self._matches: dict[tuple[str, int], Any] = {}
 
-    def outcomes(self, params: Any, opponent: str, key: jax.Array, num_games: int,
-                 mcts_simulations: int) -> np.ndarray:
-        """The search's outcomes (1, 0, -1) in `num_games` against `opponent`, half moving
-        first."""
+    def match(self, opponent: str, num_games: int) -> Any:
+        """`play(params, key) -> outcomes [num_games]` (jitted, made once): the search
+        against the agent's baseline `opponent`, half moving first.
+
+        Raises:
+          AnakinError: the agent has no such baseline for this game.
+        """
         play = self._matches.get((opponent, num_games))
         if play is None:
             try:
-                baseline = make_opponent(opponent, self.env, mcts_simulations)
+                play = jax.jit(self.builder.make_match(self.networks, self.env, opponent,
+                                                       num_games))
             except ValueError as e:
                 raise AnakinError(str(e)) from None
-            play = jax.jit(lambda p, k: match(
-                self.env, self.builder.make_search_player(self.networks, self.env, p),
-                baseline, k, num_games))
             self._matches[(opponent, num_games)] = play
-        return np.asarray(play(params, key))
+        return play
+
+    def outcomes(self, params: Any, opponent: str, key: jax.Array, num_games: int
+                 ) -> np.ndarray:
+        """The search's outcomes (1 win, 0 draw, -1 loss) in `num_games` against
+        `opponent` (`match`)."""
+        return np.asarray(self.match(opponent, num_games)(params, key))
+
+
+def outcome_rates(outcomes: np.ndarray) -> dict[str, float]:
+    """{"win", "draw", "loss"}: the fractions of outcomes 1, 0 and -1."""
+    outcomes = np.asarray(outcomes)
+    return {"win": float(np.mean(outcomes > 0)), "draw": float(np.mean(outcomes == 0)),
+            "loss": float(np.mean(outcomes < 0))}
 
 
 def restore_params(builder: Any, env_factory: Any, seed: int, run_dir: str,
@@ -110,6 +124,8 @@ class SelfPlayRun:
         self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
         self._config, self._agent, self._rule = config, builder.config, stop_rule
         self._program = SelfPlayProgram(builder, env_factory)
+        if builder.config.eval_every_updates:  # A baseline that cannot play: before the start.
+            self._program.match(builder.config.eval_opponent, builder.config.eval_games)
         self._state = self._program.init(jax.random.key(config.seed))
         progress: Mapping[str, Any] = {}
         self._checkpoints = functools.cache(
@@ -144,8 +160,7 @@ class SelfPlayRun:
             agent.eval_every_updates)
         outcomes = self._program.outcomes(
             self._state.train.params, agent.eval_opponent,
-            jax.random.fold_in(self._eval_key, learner_steps), agent.eval_games,
-            agent.mcts_simulations)
+            jax.random.fold_in(self._eval_key, learner_steps), agent.eval_games)
         self._returns.extend(float(o) for o in outcomes)
         self._episodes += len(outcomes)
         return {"eval/opponent": agent.eval_opponent, "eval/learner_steps": learner_steps,
