@@ -17,12 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from mpe2 import simple_spread_v3
 
 from trellis.agents.impala.multi_agent import IImpalaBuilder, IImpalaConfig
 from trellis.agents.ppo.multi_agent import IPPOBuilder, IPPOConfig
 from trellis.builders.experiments.env_worker import step_format
+from trellis.builders.experiments.evaluation import run_episodes
 from trellis.builders.experiments.inference import InferenceServer, step_specs
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
+from trellis.envs.pettingzoo_envs import PettingZooFactory
 from trellis.envs.specs import EnvSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,6 +141,29 @@ def test_inference_serves_each_agent_with_its_policy_and_records_per_agent(agent
         np.testing.assert_array_equal(nested["obs"].global_state, unroll["global_state"])
         assert set(nested) == {"obs", "first", "action"} | EXTRAS[agent]
         assert all(set(nested[extra]) == set(AGENTS) for extra in EXTRAS[agent])
+
+
+def test_evaluation_plays_one_episode_per_env_and_counts_the_teams_return():
+    """`run_episodes` (the evaluator node's and launch/evaluate.py's loop) on a multi-agent
+    vector env: one episode per env, its return the sum over agents, as mpe2 stepped by hand
+    gives it for the same seeds and actions."""
+    envs = PettingZooFactory("pettingzoo:mpe2/simple_spread_v3", (("max_cycles", 6),)
+                             ).make_vector(3, seed=0)
+
+    def policy(params, key, step, state, first):  # Agent i always takes action i + 1.
+        return {a: np.full(len(first), i + 1) for i, a in enumerate(AGENTS)}, {}, state
+
+    returns = run_episodes(policy, None, envs, 3, jax.random.PRNGKey(0), 4, {})
+    expected = []
+    for i in range(3):
+        env = simple_spread_v3.parallel_env(max_cycles=6)
+        env.reset(seed=4 + i)
+        total = 0.0
+        while env.agents:
+            _, reward, *_ = env.step({a: j + 1 for j, a in enumerate(AGENTS)})
+            total += sum(np.float32(r) for r in reward.values())
+        expected.append(total)
+    np.testing.assert_allclose(returns, expected, rtol=1e-5)
 
 
 def _run(args, timeout=300):

@@ -12,6 +12,7 @@ import numpy as np
 from trellis.builders.contract.agent import Builder, Policy
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.envs.factory import EnvFactory
+from trellis.envs.multi_agent import MultiAgentStep, episode_done
 from trellis.launch import runtime
 
 
@@ -32,7 +33,9 @@ def run_episodes(
         state)` (`builders.contract.agent.Policy`).
       params: the policy's params.
       envs: a Gymnasium vector env of `num_episodes` envs with next-step autoreset (after an
-        env's episode ends it is ignored, so each env contributes exactly one episode).
+        env's episode ends it is ignored, so each env contributes exactly one episode), or a
+        multi-agent one (envs/multi_agent.py, e.g. `pettingzoo_envs.PettingZooVector`), whose
+        steps the policy takes whole and whose return is the team's (the sum over agents).
       num_episodes: the vector env's size.
       key: RNG key for stochastic policies.
       seed: reset seed, so that evaluations at different times see the same start states.
@@ -42,7 +45,10 @@ def run_episodes(
     Returns:
       The `num_episodes` undiscounted returns.
     """
-    obs, _ = envs.reset(seed=seed)
+    obs = envs.reset(seed=seed)
+    multi_agent = isinstance(obs, MultiAgentStep)
+    if not multi_agent:
+        obs, _ = obs
     returns = np.zeros(num_episodes, np.float64)
     running = np.ones(num_episodes, bool)
     state, first = dict(initial_state), np.ones(num_episodes, bool)
@@ -50,9 +56,15 @@ def run_episodes(
         key, step_key = jax.random.split(key)
         actions, _, state = policy(params, step_key, obs, state, first)
         first = np.zeros(num_episodes, bool)  # One episode per env: no later starts count.
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions))
+        if multi_agent:
+            obs = envs.step(jax.tree.map(np.asarray, actions))
+            reward = np.sum([obs.reward[a] for a in obs.reward], axis=0)
+            done = np.asarray(episode_done(obs, tuple(obs.alive)))
+        else:
+            obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions))
+            done = np.asarray(terminated) | np.asarray(truncated)
         returns += np.where(running, reward, 0.0)
-        running &= ~(np.asarray(terminated) | np.asarray(truncated))
+        running &= ~done
     return [float(r) for r in returns]
 
 

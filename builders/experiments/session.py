@@ -337,10 +337,6 @@ def run_experiment(
     settings = platform_settings(platform)
     name = platform_name(settings)
     check_supported(builder, name, env_factory)
-    if config.eval_every > 0 and name != ANAKIN and getattr(env_factory, "multi_agent", False):
-        raise UnsupportedError(
-            "--eval_every: the evaluator node plays single-agent envs; a multi-agent env's "
-            "returns are in the run's metrics (use --eval_every=0)")
     os.makedirs(run_dir, exist_ok=True)
     resume_from = latest_checkpoint(run_dir) if resume else None  # Errors before anything.
     resume_progress = resume_from[1] if resume_from else None
