@@ -89,6 +89,9 @@ class IPPOConfig(PPOConfig):
         except PolicyMappingError as e:
             raise self.invalid("policy_mapping", f"a mapping onto the declared policies ({e})"
                                ) from None
+        if self.centralised_critic and self.normalize_observations:
+            raise self.invalid("normalize_observations",
+                               "false with the centralised critic (mappo's network has none)")
 
     @property
     def mapping(self) -> PolicyMapping:
@@ -158,7 +161,7 @@ def make_multi_agent_networks(spec: MultiAgentSpec, config: IPPOConfig) -> Multi
                          "(use --agent=ippo)")
     policies = {}
     for group in groups:
-        networks = make_networks(group.spec, config.hidden_sizes)
+        networks = make_networks(group.spec, config.hidden_sizes, config.normalize_observations)
         if config.centralised_critic:
             actor_size = group.spec.observation_shape[0]
             net = ActorCritic(
@@ -233,10 +236,10 @@ class IPPOBuilder(AgentBuilder):
     def capabilities(self) -> Capabilities:
         return Capabilities(UNROLLS, anakin=True, multi_agent=True)
 
-    def make_networks(self, spec: MultiAgentSpec) -> MultiAgentNetworks:  # type: ignore[override]
+    def make_networks(self, spec: MultiAgentSpec) -> MultiAgentNetworks:
         return make_multi_agent_networks(spec, self.config)
 
-    def extras_spec(self, spec: MultiAgentSpec) -> dict[str, ArraySpec]:  # type: ignore[override]
+    def extras_spec(self, spec: MultiAgentSpec) -> dict[str, ArraySpec]:
         """What acting records per agent beside its action: the behaviour log-probability and
         value ({agent: ...} each in the records)."""
         del spec
@@ -245,7 +248,7 @@ class IPPOBuilder(AgentBuilder):
     def make_policy(self, networks: MultiAgentNetworks, evaluation: bool = False):
         return make_policy(networks, evaluation)
 
-    def make_training(self, networks: MultiAgentNetworks,  # type: ignore[override]
+    def make_training(self, networks: MultiAgentNetworks,
                       spec: MultiAgentSpec) -> Training:
         del spec  # The networks know the groups and shapes.
         return make_training(networks, self.config)
