@@ -54,7 +54,7 @@ def test_bad_runs_are_one_line_and_exit_2(argv, message, capsys, tmp_path):
 
 WAREHOUSES = ("--platform=anakin", "--env=warehouses", "--quiet", "--batch_size=16",
               "--unroll_length=48", "--learning_rate=1e-3", "--hidden_sizes=32,32",
-              "--updates_per_call=8", "--no_compile_cache")
+              "--updates_per_call=8")
 
 
 def test_ippo_learns_the_warehouses_above_random(tmp_path):
@@ -74,7 +74,8 @@ def test_ippo_learns_the_warehouses_above_random(tmp_path):
 @pytest.mark.slow
 def test_a_resumed_run_equals_an_uninterrupted_one_for_every_policy(tmp_path):
     """One policy per warehouse: a run stopped at its budget and resumed ends with the same
-    params, for every policy, as a run that went straight through."""
+    params, for every policy, as a run that went straight through (the three runs share the
+    compilation cache beside their run directories)."""
     flags = ("--agent=ippo", *WAREHOUSES, "--policy_mapping=per_agent", "--seed=3")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert run.main([*flags, "--total_env_steps=12288", f"--logdir={straight}"]) == 0
