@@ -143,9 +143,9 @@ def check_supported(builder: Builder, platform: str, env_factory: Any = None) ->
             "(use --platform=local_mp for it)")
     if platform == ANAKIN and not capabilities.anakin:
         raise UnsupportedError(
-            f"--platform=anakin runs agents whose learning is pure functions of unrolls "
-            f"(impala, ppo); {name} learns from {capabilities.learns_from} on the host "
-            "(use --platform=local_mp)")
+            f"--platform=anakin runs agents whose learning is pure functions on the device "
+            f"(e.g. impala, ppo, sac, td3, es); {name} learns from {capabilities.learns_from} "
+            "on the host only (use --platform=local_mp)")
 
 
 class Session:
