@@ -205,7 +205,7 @@ def test_ippo_on_simple_spread_local_mp_stops_cleanly(tmp_path):
     proc = subprocess.Popen(
         RUN + ["--agent=ippo", SPREAD, "--platform=local_mp", "--num_actors=1",
                "--envs_per_actor=4", "--unroll_length=16", "--batch_size=4",
-               "--total_env_steps=1500", f"--logdir={tmp_path}", "--quiet"],
+               "--total_env_steps=800", f"--logdir={tmp_path}", "--quiet"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = set()
     try:
@@ -225,7 +225,7 @@ def test_ippo_on_simple_spread_local_mp_stops_cleanly(tmp_path):
     assert not [p for p in seen if _alive(p)]
     with open(tmp_path / "summary.json") as f:
         summary = json.load(f)
-    assert summary["stopped_by"] == "budget" and summary["env_steps"] >= 1500
+    assert summary["stopped_by"] == "budget" and summary["env_steps"] >= 800
     assert summary["learner_steps"] > 0 and summary["episodes"] > 0
     with open(tmp_path / "metrics.jsonl") as f:
         last = json.loads(f.readlines()[-1])
