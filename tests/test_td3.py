@@ -163,3 +163,15 @@ def test_reaches_minus_200_on_pendulum(agent, tmp_path):
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)
     assert s["stopped_by"] == "return_target" and s["mean_return"] >= -200, s
+
+
+def test_td3_steps_a_gymnasium_mujoco_env(tmp_path):
+    """Gymnasium's MuJoCo ids (the `mujoco` extra) run on the host platforms."""
+    pytest.importorskip("mujoco", reason="the mujoco extra is not installed")
+    spec = EnvFactory("InvertedPendulum-v5").spec()
+    assert spec.observation_shape == (4,) and spec.action_low == (-3.0,)
+    out = run(["--agent=td3", "--platform=local_mt", "--env=InvertedPendulum-v5",
+               "--total_env_steps=1024", "--stop_at_return=none", "--eval_every=0",
+               f"--logdir={tmp_path}"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert summary(tmp_path)["env_steps"] >= 1024
