@@ -57,6 +57,7 @@ WAREHOUSES = ("--platform=anakin", "--env=warehouses", "--quiet", "--batch_size=
               "--updates_per_call=8")
 
 
+@pytest.mark.slow  # About 25 s of CPU; notebooks/warehouses.ipynb runs the same in make test.
 def test_ippo_learns_the_warehouses_above_random(tmp_path):
     """A short IPPO run on the warehouses: its return ends well above a random policy's."""
     assert run.main(["--agent=ippo", *WAREHOUSES, "--total_env_steps=60000",
