@@ -7,6 +7,9 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from trellis.builders.experiments import checkpointing, evaluation
@@ -149,3 +152,20 @@ def test_recurrent_agent_resumes_its_lstm_params_and_counters(tmp_path):
     assert any("eval_return_mean" in r for r in new)
     config = json.load(open(os.path.join(run_dir, "config.json")))
     assert config["agent_config"]["core"] == "lstm"
+
+
+def test_checkpoints_keep_zero_size_arrays(tmp_path):
+    """orbax refuses zero-size arrays (an MJX env's state has some): they are left out of the
+    checkpoint and restored from the target, the rest exactly."""
+    state = {"params": jnp.arange(6.0).reshape(2, 3), "act": jnp.zeros((4, 0)),
+             "nested": {"empty": jnp.zeros((0,), jnp.int32), "step": jnp.int32(7)}}
+    checkpointer = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+    assert checkpointer.save(10, state, {"env_steps": 10})
+    checkpointer.close()
+    target = jax.tree.map(jnp.zeros_like, state)
+    restored, progress = checkpointing.Checkpointer(str(tmp_path / "checkpoints")).restore(
+        target)
+    assert progress == {"env_steps": 10}
+    np.testing.assert_array_equal(restored["params"], state["params"])
+    assert int(restored["nested"]["step"]) == 7
+    assert restored["act"].shape == (4, 0) and restored["nested"]["empty"].dtype == jnp.int32

@@ -16,6 +16,8 @@ import logging
 import os
 from typing import Any
 
+import jax
+
 CHECKPOINT_SUBDIR = "checkpoints"
 
 
@@ -79,7 +81,8 @@ class Checkpointer:
         if latest is not None and step <= latest:
             return False
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)
+            state=ocp.args.StandardSave(_without_empty(state)),
+            progress=ocp.args.JsonSave(progress),
         )
         return bool(self._manager.save(step, args=args))
 
@@ -103,13 +106,15 @@ class Checkpointer:
         if step is None or not os.path.isdir(path):
             raise CheckpointError(f"no checkpoint to restore in {self.directory}")
         args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()
+            state=ocp.args.StandardRestore(_without_empty(target)),
+            progress=ocp.args.JsonRestore(),
         )
         try:
             restored = self._manager.restore(step, args=args)
         except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
             raise CheckpointError(f"cannot restore checkpoint {path}: {_one_line(e)}") from e
-        return restored.state, dict(restored.progress)
+        state = jax.tree.map(lambda t, r: t if _empty(t) else r, target, restored.state)
+        return state, dict(restored.progress)
 
     def close(self) -> None:
         """Waits for a pending save, then releases orbax's threads."""
@@ -154,6 +159,17 @@ def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:
         if not isinstance(progress.get(name), int):
             raise CheckpointError(f"checkpoint {path}: progress has no integer {name!r}")
     return step, progress
+
+
+def _empty(x: Any) -> bool:
+    return getattr(x, "size", 1) == 0
+
+
+def _without_empty(tree: Any) -> Any:
+    """`tree` with its zero-size arrays as None: orbax refuses to save them, and they hold
+    nothing (an MJX env's state has some, e.g. no actuator activations); restoring takes them
+    from the target."""
+    return jax.tree.map(lambda x: None if _empty(x) else x, tree)
 
 
 def _one_line(e: BaseException) -> str:
