@@ -103,7 +103,7 @@ def test_reaches_jaxmarls_ippo_return_on_simple_spread(agent, tmp_path):
                      "--total_env_steps=10000000", f"--stop_at_return={JAXMARL_IPPO_RETURN}",
                      f"--logdir={tmp_path}"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["stopped_by"] == "return", summary
+    assert summary["stopped_by"] == "return_target", summary
 
 
 @pytest.mark.slow
