@@ -4,10 +4,12 @@ each agent's observation reaching its policy, and PPO's loss ignoring masked ste
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import gymnasium
 import jax
 import jax.numpy as jnp
+import matplotlib.image
 import numpy as np
 import pytest
 
@@ -24,6 +26,7 @@ from trellis.builders.contract.policy_mapping import (
     PolicyMappingError,
     add_agent_ids,
 )
+from trellis.builders.experiments.curves import plot_run
 from trellis.envs.jax_multi_agent import MultiAgentJaxEnv, TeamEnv
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentSpecError, episode_done
 from trellis.envs.specs import EnvSpec
@@ -236,3 +239,20 @@ def test_ppo_ignores_the_steps_of_agents_that_no_longer_act():
                                            state.policies["a"].params,
                                            after_clean.policies["a"].params))
     assert any(changed)  # The update did learn from a's real steps.
+
+
+def test_the_learning_curve_draws_each_agents_reward(tmp_path):
+    """A multi-agent run's curve gets a third panel, one line per agent's reward per step."""
+
+    def write(run_dir, agents):
+        run_dir.mkdir()
+        with open(run_dir / "metrics.jsonl", "w") as f:
+            for i in range(1, 4):
+                record = {"env_steps": 1000 * i, "wall_time_s": float(i), "return_mean": -i}
+                record.update({f"learner/agent/{a}/reward_mean": 0.1 * i for a in agents})
+                f.write(json.dumps(record) + "\n")
+        return matplotlib.image.imread(plot_run(str(run_dir)))
+
+    single = write(tmp_path / "single", [])
+    multi = write(tmp_path / "multi", ["a", "b"])
+    assert multi.shape[1] == single.shape[1] * 3 // 2  # 15 inches wide instead of 10.

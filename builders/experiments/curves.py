@@ -76,6 +76,13 @@ def _member_returns(records: list[dict[str, Any]], x: str) -> tuple[list[float],
     return [r[x] for r in rows], np.array([[r[n] for n in names] for r in rows])
 
 
+def _agent_rewards(records: list[dict[str, Any]]) -> list[str]:
+    """The per-agent reward metrics of a multi-agent run (`learner/agent/<id>/reward_mean`,
+    agents/common/multi_agent.agent_metrics), sorted; [] for a single-agent run."""
+    return sorted({k for r in records for k in r
+                   if k.startswith("learner/agent/") and k.endswith("/reward_mean")})
+
+
 def finish_run_dir(run_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
     """Writes a finished run's summary.json and its learning curve; returns `summary`."""
     write_json(os.path.join(run_dir, SUMMARY), summary)
@@ -104,7 +111,9 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     if not records:
         raise FileNotFoundError(f"no metrics in {os.path.join(run_dir, 'metrics.jsonl')}")
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    agents = _agent_rewards(records)
+    fig, axes = plt.subplots(1, 3 if agents else 2, figsize=(15 if agents else 10, 3.8))
+    axes[1].sharey(axes[0])
     for ax, x, label in ((axes[0], "env_steps", "env steps"),
                          (axes[1], "wall_time_s", "wall time (s)")):
         members = _member_returns(records, x)
@@ -131,6 +140,15 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     _steps_axis(axes[0])
     axes[0].set_ylabel("episode return")
     axes[0].legend(loc="best", fontsize="small")
+    if agents:  # A multi-agent run: each agent's mean reward per step it acted.
+        for name in agents:
+            xs, ys = _series(records, "env_steps", name)
+            axes[2].plot(xs, ys, label=name.split("/")[-2])
+        axes[2].set_xlabel("env steps")
+        axes[2].set_ylabel("reward per step")
+        axes[2].grid(alpha=0.3)
+        axes[2].legend(loc="best", fontsize="small")
+        _steps_axis(axes[2])
     fig.suptitle(_title(run_dir))
     fig.tight_layout()
     out = out or os.path.join(run_dir, CURVE)
