@@ -11,8 +11,9 @@ import jax
 import numpy as np
 
 from trellis import reverb_tables as rt
-from trellis.agents.common.learners import DataParallelLearner
+from trellis.agents.common.learners import DataParallelLearner, ReplayLearner
 from trellis.builders.contract.agent import (
+    REPLAY,
     ArraySpec,
     Capabilities,
     Learner,
@@ -28,7 +29,7 @@ class AgentBuilder(abc.ABC):
     """What every builder shares (the contract is `builders.contract.agent.Builder`).
 
     A subclass writes `capabilities`, `make_networks`, `make_policy` and `make_training`
-    (and `make_learner` when it learns from replay), `extras_spec`
+    (and `replay_selector` when it replays transitions by priority), `extras_spec`
     when its policy records something beside the action, and `initial_state` when its policy
     is recurrent. Acting is SEED-style: the central
     inference server runs the policy and records the unrolls.
@@ -79,17 +80,29 @@ class AgentBuilder(abc.ABC):
     def make_training(self, networks: Any, spec: EnvSpec) -> Training:
         """The pure init and update (`builders.contract.agent.Training`)."""
 
+    def replay_selector(self) -> rt.Selector:
+        """How an agent that learns from replay samples its transitions: uniformly unless
+        overridden (DQN and D4PG sample by priority)."""
+        return rt.Uniform()
+
     def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,
                      devices: Sequence[jax.Device] | None = None,
                      replay: Any = None) -> Learner:
-        """`make_training`'s pieces on a device mesh, fed unrolls in order
-        (`builders.contract.agent.Builder.make_learner`); agents that replay override it.
+        """`make_training`'s pieces on a device mesh (`builders.contract.agent.Builder.
+        make_learner`): fed unrolls in order, or, for an agent that learns from replay, their
+        n-step transitions through an in-process table (`ReplayLearner`, `replay_selector`).
+        An agent with a replay node of its own (R2D2) overrides it.
 
         Raises:
-          ValueError: a replay client, which this learner has no use for.
+          ValueError: a replay client, which these learners have no use for.
         """
         if replay is not None:
-            raise ValueError(f"{type(self).__name__} learns from unrolls in order; it takes no "
-                             "replay client")
-        return DataParallelLearner(self.make_training(networks, spec), key,
-                                   self.config.batch_size, devices)
+            raise ValueError(f"{type(self).__name__} keeps no replay node; it takes no replay "
+                             "client")
+        training = self.make_training(networks, spec)
+        if self.capabilities.learns_from == REPLAY:
+            action = ((), "int32") if spec.discrete else (spec.action_shape, "float32")
+            return ReplayLearner(training, key, self.config, self.replay_selector(),
+                                 obs_spec=(spec.observation_shape, spec.observation_dtype),
+                                 action_spec=action, devices=devices)
+        return DataParallelLearner(training, key, self.config.batch_size, devices)

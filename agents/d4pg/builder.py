@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-import jax
-
+from trellis import reverb_tables as rt
 from trellis.agents.common import AgentBuilder
 from trellis.agents.common.continuous import deterministic_policy
 from trellis.agents.d4pg.config import D4PGConfig
-from trellis.agents.d4pg.learner import Learner, make_training
+from trellis.agents.d4pg.learner import make_training
 from trellis.agents.d4pg.networks import D4PGNetworks, make_networks
 from trellis.builders.contract.agent import REPLAY, Capabilities, Training
 from trellis.envs.specs import EnvSpec
@@ -37,13 +33,11 @@ class D4PGBuilder(AgentBuilder):
     def capabilities(self) -> Capabilities:
         return Capabilities(REPLAY)
 
+    def replay_selector(self) -> rt.Selector:
+        """By priority with `priority_exponent` > 0 (the paper's prioritized variant)."""
+        c = self.config
+        return rt.Prioritized(c.priority_exponent) if c.prioritized else rt.Uniform()
+
     def make_training(self, networks: D4PGNetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
         return make_training(networks, self.config)
-
-    def make_learner(self, networks: D4PGNetworks, spec: EnvSpec, key: jax.Array, *,
-                     devices: Sequence[jax.Device] | None = None,
-                     replay: Any = None) -> Learner:
-        del replay  # Its transitions are replayed in-process (agents.common.ReplayLearner).
-        return Learner(networks, self.config, key,
-                       obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)

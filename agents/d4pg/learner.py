@@ -10,7 +10,7 @@ the policy against it, then moves both target networks by Polyak averaging.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trellis import reverb_tables as rt
-from trellis.agents.common import Batch, ReplayLearner, importance_weights, make_optimizer
+from trellis.agents.common import Batch, importance_weights, make_optimizer
 from trellis.agents.common.continuous import actor_params
 from trellis.agents.d4pg import losses
 from trellis.agents.d4pg.config import D4PGConfig
@@ -114,16 +113,3 @@ def make_training(networks: D4PGNetworks, config: D4PGConfig) -> Training:
     return Training(functools.partial(init_state, networks, optimizer),
                     lambda mesh: make_update(networks, optimizer, config), actor_params)
 
-
-class Learner(ReplayLearner):
-    """Host shell: replay in, `updates_per_step` jitted SGD steps (and priorities) out (see
-    agents.common.ReplayLearner). `params` is what the acting policy reads:
-    `{"policy": policy params}`."""
-
-    def __init__(self, networks: D4PGNetworks, config: D4PGConfig, key: jax.Array,
-                 obs_spec: tuple[tuple[int, ...], str],
-                 devices: Sequence[jax.Device] | None = None):
-        selector = rt.Prioritized(config.priority_exponent) if config.prioritized else rt.Uniform()
-        super().__init__(make_training(networks, config), key, config, selector=selector,
-                         obs_spec=obs_spec, action_spec=((networks.action_dim,), "float32"),
-                         devices=devices)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
+from trellis import reverb_tables as rt
 from trellis.agents.common import AgentBuilder
 from trellis.agents.dqn.config import DQNConfig
-from trellis.agents.dqn.learner import Learner, make_training
+from trellis.agents.dqn.learner import make_training
 from trellis.agents.dqn.networks import DQNNetworks, make_networks
 from trellis.builders.contract.agent import REPLAY, Capabilities, Training
 from trellis.envs.specs import EnvSpec
@@ -65,13 +63,10 @@ class DQNBuilder(AgentBuilder):
     def capabilities(self) -> Capabilities:
         return Capabilities(REPLAY)
 
+    def replay_selector(self) -> rt.Selector:
+        """By priority (Schaul et al., 2016): P(i) ~ p_i^priority_exponent."""
+        return rt.Prioritized(self.config.priority_exponent)
+
     def make_training(self, networks: DQNNetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
         return make_training(networks, self.config)
-
-    def make_learner(self, networks: DQNNetworks, spec: EnvSpec, key: jax.Array, *,
-                     devices: Sequence[jax.Device] | None = None,
-                     replay: Any = None) -> Learner:
-        del replay  # Its transitions are replayed in-process (agents.common.ReplayLearner).
-        return Learner(networks, self.config, key,
-                       obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)

@@ -10,16 +10,15 @@ jitted call, and writes the new priorities back.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from trellis import reverb_tables as rt
 from trellis.agents.common import (
     Batch,
-    ReplayLearner,
     TargetNetworkState,
     importance_weights,
     init_target_network_state,
@@ -81,35 +80,12 @@ def make_training(networks: DQNNetworks, config: DQNConfig) -> Training:
     return Training(
         functools.partial(init_target_network_state, networks.init, optimizer),
         lambda mesh: make_update(networks, optimizer, config),
+        acting_params,
     )
 
 
-class Learner(ReplayLearner):
-    """Host shell: prioritized replay in, `updates_per_step` jitted SGD steps, priorities out
-    (see agents.common.ReplayLearner).
+def acting_params(state: Any) -> dict[str, Any]:
+    """What the acting policy reads: the online params and the SGD step count (for the
+    epsilon decay), so the policy needs nothing beyond the usual params argument."""
+    return {"q": state.params, "updates": state.step}
 
-    `params` is what the acting policy reads: the online params and the SGD step count
-    (for the epsilon decay), so the policy needs nothing beyond the usual params argument.
-    """
-
-    def __init__(
-        self,
-        networks: DQNNetworks,
-        config: DQNConfig,
-        key: jax.Array,
-        obs_spec: tuple[tuple[int, ...], str],
-        devices: Sequence[jax.Device] | None = None,
-    ):
-        super().__init__(
-            make_training(networks, config),
-            key,
-            config,
-            selector=rt.Prioritized(config.priority_exponent),
-            obs_spec=obs_spec,
-            action_spec=((), "int32"),
-            devices=devices,
-        )
-
-    @property
-    def params(self):
-        return {"q": self._state.params, "updates": self._state.step}

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-import jax
-
 from trellis.agents.common import AgentBuilder
 from trellis.agents.sac.config import SACConfig
-from trellis.agents.sac.learner import Learner, make_training
+from trellis.agents.sac.learner import make_training
 from trellis.agents.sac.networks import SACNetworks, make_networks
 from trellis.builders.contract.agent import REPLAY, Capabilities, Training
 from trellis.envs.specs import EnvSpec
@@ -52,10 +47,3 @@ class SACBuilder(AgentBuilder):
     def make_training(self, networks: SACNetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
         return make_training(networks, self.config)
-
-    def make_learner(self, networks: SACNetworks, spec: EnvSpec, key: jax.Array, *,
-                     devices: Sequence[jax.Device] | None = None,
-                     replay: Any = None) -> Learner:
-        del replay  # Its transitions are replayed in-process (agents.common.ReplayLearner).
-        return Learner(networks, self.config, key,
-                       obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)

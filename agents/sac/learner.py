@@ -11,7 +11,7 @@ online ones.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trellis import reverb_tables as rt
-from trellis.agents.common import Batch, ReplayLearner, make_optimizer
+from trellis.agents.common import Batch, make_optimizer
 from trellis.agents.common.continuous import actor_params
 from trellis.agents.sac import losses
 from trellis.agents.sac.config import SACConfig
@@ -136,28 +135,3 @@ def make_training(networks: SACNetworks, config: SACConfig) -> Training:
         actor_params,
     )
 
-
-class Learner(ReplayLearner):
-    """Host shell: uniform replay in, `updates_per_step` jitted SGD steps out (see
-    agents.common.ReplayLearner).
-
-    `params` is what the acting policy reads: `{"policy": policy params}`.
-    """
-
-    def __init__(
-        self,
-        networks: SACNetworks,
-        config: SACConfig,
-        key: jax.Array,
-        obs_spec: tuple[tuple[int, ...], str],
-        devices: Sequence[jax.Device] | None = None,
-    ):
-        super().__init__(
-            make_training(networks, config),
-            key,
-            config,
-            selector=rt.Uniform(),
-            obs_spec=obs_spec,
-            action_spec=((networks.action_dim,), "float32"),
-            devices=devices,
-        )

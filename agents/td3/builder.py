@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-import jax
-
 from trellis.agents.common import AgentBuilder
 from trellis.agents.common.continuous import deterministic_policy
 from trellis.agents.td3.config import TD3Config
-from trellis.agents.td3.learner import Learner, make_training
+from trellis.agents.td3.learner import make_training
 from trellis.agents.td3.networks import TD3Networks, make_networks
 from trellis.builders.contract.agent import REPLAY, Capabilities, Training
 from trellis.envs.specs import EnvSpec
@@ -43,11 +38,3 @@ class TD3Builder(AgentBuilder):
     def make_training(self, networks: TD3Networks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
         return make_training(networks, self.config)
-
-    def make_learner(self, networks: TD3Networks, spec: EnvSpec, key: jax.Array, *,
-                     devices: Sequence[jax.Device] | None = None,
-                     replay: Any = None) -> Learner:
-        del replay  # Its transitions are replayed in-process (agents.common.ReplayLearner).
-        return Learner(networks, self.config, key,
-                       obs_spec=(spec.observation_shape, spec.observation_dtype), devices=devices)
-

@@ -10,7 +10,7 @@ deterministic policy gradient and moves both target networks by Polyak averaging
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trellis import reverb_tables as rt
-from trellis.agents.common import Batch, ReplayLearner, make_optimizer
+from trellis.agents.common import Batch, make_optimizer
 from trellis.agents.common.continuous import actor_params
 from trellis.agents.td3 import losses
 from trellis.agents.td3.config import TD3Config
@@ -125,15 +124,3 @@ def make_training(networks: TD3Networks, config: TD3Config) -> Training:
     return Training(functools.partial(init_state, networks, optimizer),
                     lambda mesh: make_update(networks, optimizer, config), actor_params)
 
-
-class Learner(ReplayLearner):
-    """Host shell: uniform replay in, `updates_per_step` jitted SGD steps out (see
-    agents.common.ReplayLearner). `params` is what the acting policy reads:
-    `{"policy": policy params}`."""
-
-    def __init__(self, networks: TD3Networks, config: TD3Config, key: jax.Array,
-                 obs_spec: tuple[tuple[int, ...], str],
-                 devices: Sequence[jax.Device] | None = None):
-        super().__init__(make_training(networks, config), key, config, selector=rt.Uniform(),
-                         obs_spec=obs_spec, action_spec=((networks.action_dim,), "float32"),
-                         devices=devices)
