@@ -9,8 +9,10 @@ import importlib
 from typing import Any
 
 AGENTS = {
+    "a2c": "trellis.agents.ppo.a2c",
     "alphazero": "trellis.agents.alphazero",
     "apex": "trellis.agents.dqn.apex",
+    "appo": "trellis.agents.ppo.appo",
     "d4pg": "trellis.agents.d4pg",
     "ddpg": "trellis.agents.td3.ddpg",
     "dqn": "trellis.agents.dqn",

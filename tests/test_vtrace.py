@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import rlax
 
-from trellis.agents.impala.losses import vtrace
+from trellis.agents.common.vtrace import vtrace
 
 
 def numpy_vtrace(v_tm1, v_t, r_t, discount_t, rho_tm1, lambda_, rho_bar, pg_rho_bar):

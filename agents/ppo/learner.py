@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from trellis.agents.common import (
     make_optimizer,
 )
 from trellis.agents.common.normalization import keep_moments, observe
+from trellis.agents.common.vtrace import vtrace
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.losses import (
     generalized_advantage_estimation,
@@ -29,37 +31,55 @@ from trellis.agents.ppo.networks import PPONetworks
 from trellis.builders.contract.agent import Training
 
 
-def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch) -> dict:
-    """Flat transitions [T * B, ...] with their GAE advantages and returns.
+def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch,
+                     params: Any = None) -> dict:
+    """Flat transitions [T * B, ...] with their advantages and value targets.
 
-    Advantages use the values recorded when acting (the behaviour policy's critic, as in
-    the PPO paper's rollouts), so they are computed once per batch, before any SGD step.
+    With GAE (PPO), advantages use the values recorded when acting (the behaviour policy's
+    critic, as in the PPO paper's rollouts). With V-trace (APPO), they use `params`' values
+    and the importance weights pi(a|x) / mu(a|x) of `params`' policy pi against the one that
+    acted, mu: the correction for data that lags the learner. Either way once per batch,
+    before any SGD step.
 
     Args:
-      networks: for the distribution's `learn_field` (which batch field holds the action
-        that `log_prob` was recorded for).
-      config: discount and GAE lambda.
+      networks: the networks, and the distribution's `learn_field` (which batch field holds
+        the action that `log_prob` was recorded for).
+      config: discount, lambda, reward scale, which advantages.
       batch: what the inference server recorded per step, time-major [T + 1, B, ...]:
         `obs`, `first`, `reward`, `terminated`, `truncated` (how each observation was
         reached), the action and the extras `log_prob` and `value` of the policy there.
+      params: the learner's params (V-trace only).
     """
     discount_t, lambda_t, mask = jax.vmap(
         functools.partial(transition_discounts, discount=config.discount,
                           lambda_=config.gae_lambda),
         in_axes=1, out_axes=1,
     )(batch["first"][1:], batch["terminated"][1:], batch["truncated"][1:])  # [T, B] each
-    values = batch["value"].astype(jnp.float32)  # [T+1, B]
-    advantages = jax.vmap(generalized_advantage_estimation, in_axes=1, out_axes=1)(
-        batch["reward"][1:].astype(jnp.float32) * config.reward_scale, discount_t, lambda_t,
-        values
-    ) * mask  # [T, B]
+    reward_t = batch["reward"][1:].astype(jnp.float32) * config.reward_scale  # [T, B]
+    action = batch[networks.distribution.learn_field][:-1]
+    if config.advantages == "vtrace":
+        dist_params, values = networks.apply(params, batch["obs"])  # [T+1, B, ...], [T+1, B]
+        log_rho = networks.distribution.log_prob(
+            jax.tree.map(lambda x: x[:-1], dist_params), action) - batch["log_prob"][:-1]
+        rho = jnp.exp(log_rho) * mask  # A weight of 0 drops the autoreset transition.
+        out = jax.vmap(functools.partial(
+            vtrace, lambda_=config.gae_lambda, clip_rho_threshold=config.vtrace_clip_rho,
+            clip_pg_rho_threshold=config.vtrace_clip_rho), in_axes=1, out_axes=1)(
+            values[:-1], values[1:], reward_t, discount_t, rho)
+        values = jax.lax.stop_gradient(values)
+        advantages, returns = out.pg_advantage * mask, out.errors + values[:-1]
+    else:
+        values = batch["value"].astype(jnp.float32)  # [T+1, B]
+        advantages = jax.vmap(generalized_advantage_estimation, in_axes=1, out_axes=1)(
+            reward_t, discount_t, lambda_t, values) * mask  # [T, B]
+        returns = advantages + values[:-1]
     transitions = {
         "obs": batch["obs"][:-1],
-        "action": batch[networks.distribution.learn_field][:-1],
+        "action": action,
         "behaviour_log_prob": batch["log_prob"][:-1],
         "behaviour_value": values[:-1],
         "advantage": advantages,
-        "return": advantages + values[:-1],
+        "return": returns,
         "mask": mask,
     }
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
@@ -153,10 +173,10 @@ def make_update(
         return jax.lax.scan(functools.partial(sgd_step, entropy_cost), carry, minibatches)
 
     def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
-        transitions = make_transitions(networks, config, batch)
         keys = jax.random.split(state.key, config.num_epochs + 1)
         # Step 0 repeats the previous unroll's last step: its observation is merged already.
         params = observe(state.params, batch["obs"][1:])
+        transitions = make_transitions(networks, config, batch, params)
         (params, opt_state), metrics = jax.lax.scan(
             functools.partial(epoch, transitions, state.hparams["entropy_cost"]),
             (params, state.opt_state), keys[1:]

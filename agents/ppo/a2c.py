@@ -1,0 +1,12 @@
+"""A2C (Mnih et al., 2016) as PPO with one gradient step per batch, for the command line
+(`--agent=a2c`): PPO's builder with the preset of its config (agents/ppo/config.py's
+A2CConfig, which says why); nothing of PPO is copied."""
+
+from trellis.agents.ppo.builder import PPOBuilder
+from trellis.agents.ppo.config import A2CConfig
+
+# The names agents/registry.py looks up.
+Builder = PPOBuilder
+Config = A2CConfig
+
+__all__ = ["A2CConfig", "Builder", "Config"]

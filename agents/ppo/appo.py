@@ -1,0 +1,12 @@
+"""APPO (Petrenko et al., 2020, Sample Factory): PPO's clipped surrogate on V-trace
+advantages, for the command line (`--agent=appo`): PPO's builder with the preset of its config
+(agents/ppo/config.py's APPOConfig, which says why); nothing of PPO is copied."""
+
+from trellis.agents.ppo.builder import PPOBuilder
+from trellis.agents.ppo.config import APPOConfig
+
+# The names agents/registry.py looks up.
+Builder = PPOBuilder
+Config = APPOConfig
+
+__all__ = ["APPOConfig", "Builder", "Config"]
