@@ -43,8 +43,17 @@ def is_pettingzoo_id(env_id: str) -> bool:
 
 
 def _family_envs(package: str) -> list[str]:
-    """The env modules of a family's package (names ending in a version, e.g. `_v3`)."""
-    names = [m.name for m in pkgutil.iter_modules(importlib.import_module(package).__path__)]
+    """The env modules of a family's package (names ending in a version, e.g. `_v3`).
+
+    Raises:
+      UnknownEnvError: the package is not installed.
+    """
+    try:
+        module = importlib.import_module(package)
+    except ImportError as e:
+        raise UnknownEnvError(f"pettingzoo: envs need the {e.name!r} package: pip install -e "
+                              "'.[marl]'") from e
+    names = [m.name for m in pkgutil.iter_modules(module.__path__)]
     return sorted(n for n in names if n.rsplit("_v", 1)[-1].isdigit() and "_v" in n)
 
 
