@@ -36,6 +36,7 @@ AGENT_FLAGS = {
     # Multi-agent: the JAX warehouses example (needs no extra), on anakin.
     **{agent: ["--platform=anakin", "--env=warehouses", "--unroll_length=8", "--batch_size=4",
                "--num_minibatches=2"] for agent in ("ippo", "mappo")},
+    "iimpala": ["--platform=anakin", "--env=warehouses", "--batch_size=4"],
 }
 AGENT_RUNS = sorted(AGENTS)
 ENV_STEPS = 300
