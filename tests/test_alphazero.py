@@ -274,6 +274,7 @@ TIC_TAC_TOE_FLAGS = ["--search=gumbel", "--num_simulations=64", "--unroll_length
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_tic_tac_toe_loses_no_game_to_minimax_after_10_minutes():
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "alphazero.py"), "--game=tic_tac_toe",
