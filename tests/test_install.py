@@ -38,6 +38,9 @@ AGENT_FLAGS = {
                "--num_minibatches=2"] for agent in ("ippo", "mappo")},
     "iimpala": ["--platform=anakin", "--env=warehouses", "--batch_size=4"],
 }
+# The pyproject extra an agent's run needs beyond the base install, installed into the venv
+# before its run (alphazero: mctx and pgx).
+AGENT_EXTRAS = {"alphazero": "search"}
 AGENT_RUNS = sorted(AGENTS)
 ENV_STEPS = 300
 # Not part of the source a wheel is built from.
@@ -111,6 +114,9 @@ def test_agent_flags_name_registered_agents():
 @pytest.mark.parametrize("agent", AGENT_RUNS)
 def test_every_agent_runs_from_another_directory(installed, tmp_path, agent):
     run_dir = tmp_path / "run"
+    if agent in AGENT_EXTRAS:
+        _run([installed, "-m", "pip", "install", "-q", f"{DIST}[{AGENT_EXTRAS[agent]}]"],
+             cwd=str(tmp_path), timeout_s=1800)
     _run([installed, "-m", "trellis.launch.run", f"--agent={agent}", "--platform=local_mt",
           f"--total_env_steps={ENV_STEPS}", "--quiet", f"--logdir={run_dir}",
           *AGENT_FLAGS.get(agent, [])],
