@@ -43,12 +43,9 @@ def _check(builder: Any, settings: Platform) -> None:
 
 
 class SelfPlayProgram:
-    """The agent's jitted self-play pieces for one game: `init`, `iterate`, and `evaluate`
-    (its search against a baseline).
-
-    Raises:
-      AnakinError: a baseline that does not play this game (minimax beyond tic-tac-toe).
-    """
+    """The agent's jitted self-play pieces for one game: `init`, `iterate` (the builder's
+    `make_self_play`), and `match` (its search against a baseline, the builder's
+    `make_match`)."""
 
     def __init__(self, builder: Any, env_factory: Any):
         self.env = env = env_factory.make()
