@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/alphazero.py --game=GAME --minutes=M [--games=100] [--seed=0]
        [--baselines=random,mcts,minimax] [--keep_run=DIR] [run.py's flags for the agent,
-       e.g. --search=gumbel --num_simulations=32]
+       e.g. --search_policy=gumbel --num_simulations=32]
 
 `launch/run.py --agent=alphazero --platform=anakin --env=pgx:GAME` is started as a user starts
 it and stopped with Ctrl-C (SIGINT: a final checkpoint) M minutes after its launch, imports and

@@ -63,7 +63,7 @@ def _reference_recurrent_fn(env, network):
     ("muzero", False), pytest.param("gumbel", True, marks=pytest.mark.slow)])
 def test_search_policy_equals_mctx(search, evaluation):
     env = pgx.make("tic_tac_toe")
-    config = AlphaZeroConfig(search=search, num_simulations=8)
+    config = AlphaZeroConfig(search_policy=search, num_simulations=8)
     builder = AlphaZeroBuilder(config)
     network = builder.make_networks(make_env_factory("pgx:tic_tac_toe").spec())
     state = _positions(env, jax.random.key(1), 8, 3)
@@ -215,7 +215,7 @@ def _network_score(builder, program, params, key, num_games=200):
 @pytest.mark.slow
 def test_short_self_play_improves_against_random():
     config = AlphaZeroConfig(unroll_length=9, batch_size=32, num_simulations=8,
-                             search="gumbel", min_replay_size=256, updates_per_iteration=8)
+                             search_policy="gumbel", min_replay_size=256, updates_per_iteration=8)
     builder = AlphaZeroBuilder(config)
     program = SelfPlayProgram(builder, make_env_factory("pgx:tic_tac_toe"))
     state = program.init(jax.random.key(0))
@@ -269,7 +269,7 @@ def test_games_are_for_self_play_agents_only():
 
 
 # The tic-tac-toe settings docs/alphazero.md reports (benchmarks/alphazero.py passes them on).
-TIC_TAC_TOE_FLAGS = ["--search=gumbel", "--num_simulations=64", "--unroll_length=9",
+TIC_TAC_TOE_FLAGS = ["--search_policy=gumbel", "--num_simulations=64", "--unroll_length=9",
                      "--eval_every_updates=0"]
 
 

@@ -37,7 +37,18 @@ def _other_value(s):
         if s.default in (None, 0):
             return 0.5
         return s.default / 2 if d.le is not None or d.lt is not None else s.default * 2
-    return {"env": "Acrobot-v1"}[s.name]
+    return {"env": "Acrobot-v1", "policy_mapping": "per_agent",
+            "policies": "shared,other"}[s.name]
+
+
+def owners(name):
+    """The agents whose config has the setting `name`, as the one-line error lists them."""
+    return ", ".join(a for a in sorted(AGENTS)
+                     if any(s.name == name for s in settings(agent_module(a).Config)))
+
+
+# Settings an agent's preset fixes: any other value is refused in one line (tested below).
+PINNED = {("iimpala", "core"), ("mappo", "normalize_observations")}
 
 
 def _text(value):
@@ -55,7 +66,7 @@ def _cases():
               if s.name not in OPTIONS_TESTED_ELSEWHERE]
     for agent in sorted(AGENTS):
         config = agent_module(agent).Config
-        cases += [(agent, config, s) for s in settings(config)]
+        cases += [(agent, config, s) for s in settings(config) if (agent, s.name) not in PINNED]
     return cases
 
 
@@ -79,6 +90,13 @@ def test_every_setting_is_settable_from_the_command_line(agent, cls, s):
     result = flags.parse([f"--agent={agent}", f"--{s.name}={_text(value)}"])
     assert _same(_value_of(result, cls, s.name), value)
     assert result.options.agent == agent
+
+
+@pytest.mark.parametrize("agent,name", sorted(PINNED))
+def test_a_setting_a_preset_fixes_is_refused_in_one_line(agent, name):
+    s = next(s for s in settings(agent_module(agent).Config) if s.name == name)
+    with pytest.raises(flags.UsageError, match=f"--{name} must be"):
+        flags.parse([f"--agent={agent}", f"--{name}={_text(_other_value(s))}"])
 
 
 @pytest.mark.parametrize("agent,cls,s", CASES, ids=IDS)
@@ -152,9 +170,10 @@ def _one_line_error(capsys, argv, expected):
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["--clip_epsilon=0.1"], "--clip_epsilon is a setting of ppo, not of impala"),
-    (["--agent=dqn", "--entropy_cost=0.1"], "--entropy_cost is a setting of impala, ppo, not "
-     "of dqn"),
+    (["--clip_epsilon=0.1"], f"--clip_epsilon is a setting of {owners('clip_epsilon')}, not "
+     "of impala"),
+    (["--agent=dqn", "--entropy_cost=0.1"], f"--entropy_cost is a setting of "
+     f"{owners('entropy_cost')}, not of dqn"),
     (["--entropy_costt=0.1"], "--entropy_costt is not a setting of --agent=impala; did you "
      "mean --entropy_cost?"),
     (["--entropy_cost=-1"], "--entropy_cost must be >= 0, got -1.0"),
@@ -176,7 +195,8 @@ def test_bad_flag_is_one_line_and_exit_2(argv, expected, capsys):
 
 
 @pytest.mark.parametrize("content,expected", [
-    ({"agent": "impala", "clip_epsilon": 0.1}, "clip_epsilon is a setting of ppo, not of impala"),
+    ({"agent": "impala", "clip_epsilon": 0.1}, f"clip_epsilon is a setting of "
+     f"{owners('clip_epsilon')}, not of impala"),
     ({"entropy_cots": 0.1}, "entropy_cots is not a setting of --agent=impala; did you mean "
      "entropy_cost?"),
     ({"entropy_cost": -1}, "entropy_cost must be >= 0, got -1"),

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.test_flags import owners
 from trellis.agents.registry import AGENTS as REGISTERED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +76,8 @@ def test_ppo_gaussian_policy_runs_pendulum(tmp_path):
         ("--batch_size=-3", "--batch_size must be >= 1, got -3"),
         ("--stop_at_return=lots", "--stop_at_return must be a number, none or auto, got 'lots'"),
         ("--total_env_steps=many", "--total_env_steps must be an int >= 1, got 'many'"),
-        ("--clip_epsilon=0.1", "--clip_epsilon is a setting of ippo, mappo, ppo, not of impala"),
+        ("--clip_epsilon=0.1", f"--clip_epsilon is a setting of {owners('clip_epsilon')}, not "
+         "of impala"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(flag, expected, tmp_path):

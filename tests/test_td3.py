@@ -145,8 +145,9 @@ def test_policy_explores_in_bounds_when_training_and_is_deterministic_when_evalu
 
 
 def test_td3_learns_pendulum_quickly(tmp_path):
+    # TD3 starts slower than SAC: -1,322 at 24k env steps, -227 at 60k (one busy run).
     out = run(["--agent=td3", "--platform=local_mp", "--env=Pendulum-v1",
-               "--total_env_steps=40000", "--stop_at_return=none", "--eval_every=0",
+               "--total_env_steps=60000", "--stop_at_return=none", "--eval_every=0",
                f"--logdir={tmp_path}"], timeout=120)
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)

@@ -32,8 +32,10 @@ class AlphaZeroConfig(AgentConfig):
     max_grad_norm: float = 1.0
 
     # Search.
-    search: str = setting("muzero", "the search: muzero (PUCT, Dirichlet noise at the root) "
-                          "or gumbel (Gumbel MuZero)", choices=SEARCHES)
+    # Not `search`: a settings file's `search` section is tune.py's search space.
+    search_policy: str = setting(
+        "muzero", "the search: muzero (PUCT, Dirichlet noise at the root) or gumbel (Gumbel "
+        "MuZero)", choices=SEARCHES)
     num_simulations: int = setting(32, "simulations of each move's search", ge=1)
     dirichlet_alpha: float = setting(0.3, "muzero search: the root noise's concentration", gt=0)
     dirichlet_fraction: float = setting(

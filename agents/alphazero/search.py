@@ -57,7 +57,7 @@ def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: boo
         root = mctx.RootFnOutput(prior_logits=masked_logits(logits, state.legal_action_mask),
                                  value=value, embedding=state)
         invalid = ~state.legal_action_mask
-        if config.search == "gumbel":
+        if config.search_policy == "gumbel":
             return mctx.gumbel_muzero_policy(
                 params, key, root, recurrent_fn, config.num_simulations,
                 invalid_actions=invalid,
