@@ -7,6 +7,7 @@ spawned test node imports it, and the tests must stay fast.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from trellis.launch import runtime
@@ -155,13 +156,20 @@ class PidPrinter:
     """Prints "PID <pid>" (for launcher scripts run as subprocesses), then loops until stopped."""
 
     def run(self) -> None:
-        print(f"PID {os.getpid()}", flush=True)
+        _print_pid()
         while not runtime.stop_requested():
             time.sleep(0.02)
 
 
+def _print_pid() -> None:
+    # One write of the whole line: two nodes' lines must not interleave in the shared pipe
+    # ("PID 16217PID 16218" was read once on a loaded machine).
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"PID {os.getpid()}\n".encode())
+
+
 def print_pid_and_wait() -> None:
-    print(f"PID {os.getpid()}", flush=True)
+    _print_pid()
     runtime.stop_event().wait()
 
 
