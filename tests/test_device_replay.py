@@ -86,6 +86,7 @@ def test_an_update_larger_than_the_replay_is_refused():
         empty(10).add(random_unrolls(np.random.default_rng(0), t1=7, b=5), 1, 0.9)
 
 
+@pytest.mark.slow  # 16 s on an idle 2-core machine, most of it compiling.
 @pytest.mark.parametrize("agent", ["td3"])
 def test_learns_pendulum_on_anakin(agent, tmp_path):
     out = run([f"--agent={agent}", "--platform=anakin", "--env=gymnax:Pendulum-v1",

@@ -144,6 +144,7 @@ def test_policy_explores_in_bounds_when_training_and_is_deterministic_when_evalu
     assert 0.6 < np.std(s - a1) < 1.1
 
 
+@pytest.mark.slow  # The default suite's quick off-policy run is SAC's (tests/test_sac.py).
 def test_td3_learns_pendulum_quickly(tmp_path):
     # TD3 starts slower than SAC: -1,322 at 24k env steps, -227 at 60k (one busy run).
     out = run(["--agent=td3", "--platform=local_mp", "--env=Pendulum-v1",
