@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.contract.config import ReplayConfig, setting
+from trellis.agents.common.continuous import ActorCriticConfig
+from trellis.builders.contract.config import setting
 
 
 @dataclasses.dataclass(frozen=True)
-class D4PGConfig(ReplayConfig):
+class D4PGConfig(ActorCriticConfig):
     """Hyper-parameters of D4PG (Barth-Maron et al., 2018, "Distributed Distributional
     Deterministic Policy Gradients").
 
@@ -22,16 +23,7 @@ class D4PGConfig(ReplayConfig):
     SAC's Pendulum defaults here (run.py's 2 x 32 envs on 2 cores).
     """
 
-    unroll_length: int = 8
-    batch_size: int = 64
-    learning_rate: float = 1e-3  # Of the policy and the critic alike.
     n_step: int = 5
-    replay_size: int = 200_000
-    min_replay_size: int = 5_000
-    updates_per_step: int = 128
-    sample_batch_size: int = 256
-
-    tau: float = setting(0.005, "Polyak step size of the target networks", gt=0, le=1)
     num_atoms: int = setting(51, "atoms of the critic's categorical return distribution", ge=2)
     v_min: float = setting(-1500.0, "the smallest return atom")
     v_max: float = setting(0.0, "the largest return atom; > v_min")

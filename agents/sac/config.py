@@ -4,29 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.contract.config import ReplayConfig, setting
+from trellis.agents.common.continuous import ActorCriticConfig
+from trellis.builders.contract.config import setting
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig(ReplayConfig):
+class SACConfig(ActorCriticConfig):
     """Hyper-parameters of Soft Actor-Critic with twin critics and a learned temperature
     (Haarnoja et al., 2018, "Soft Actor-Critic Algorithms and Applications").
 
-    Defaults learn Pendulum-v1 on a 2-core machine with run.py's 2 x 32 envs. Replay is
-    uniform; the target critics track the online ones by Polyak averaging with step size
-    `tau` after every SGD step.
+    Defaults (`ActorCriticConfig`'s) learn Pendulum-v1 on a 2-core machine with run.py's
+    2 x 32 envs. Replay is uniform; the target critics track the online ones by Polyak
+    averaging with step size `tau` after every SGD step.
     """
 
-    unroll_length: int = 8
-    batch_size: int = 64
-    learning_rate: float = 1e-3  # Of the policy, the critics and the temperature alike.
-    n_step: int = 1
-    replay_size: int = 200_000
-    min_replay_size: int = 5_000
-    updates_per_step: int = 128
-    sample_batch_size: int = 256
-
-    tau: float = setting(0.005, "Polyak step size of the target critics", gt=0, le=1)
     # Temperature: alpha starts at `initial_temperature`; the target entropy is
     # -action_dim (the paper's heuristic) unless set here.
     initial_temperature: float = setting(1.0, "initial entropy temperature alpha", gt=0)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.contract.config import ReplayConfig, setting
+from trellis.agents.common.continuous import ActorCriticConfig
+from trellis.builders.contract.config import setting
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3Config(ReplayConfig):
+class TD3Config(ActorCriticConfig):
     """Hyper-parameters of TD3 (Fujimoto, van Hoof and Meger, 2018, "Addressing Function
     Approximation Error in Actor-Critic Methods").
 
@@ -20,16 +21,6 @@ class TD3Config(ReplayConfig):
     MLPs, Adam 1e-3 (3e-4 in the authors' later code), batch 256, tau 0.005.
     """
 
-    unroll_length: int = 8
-    batch_size: int = 64
-    learning_rate: float = 1e-3  # Of the policy and the critics alike.
-    n_step: int = 1
-    replay_size: int = 200_000
-    min_replay_size: int = 5_000
-    updates_per_step: int = 128
-    sample_batch_size: int = 256
-
-    tau: float = setting(0.005, "Polyak step size of the target networks", gt=0, le=1)
     twin_critics: bool = setting(True, "clipped double Q: the target takes the smaller of two")
     policy_delay: int = setting(
         2, "critic updates per policy (and target) update", ge=1)
