@@ -21,6 +21,7 @@ from trellis.envs.jaxmarl_envs import JaxMARLFactory, is_jaxmarl_id
 from trellis.envs.pettingzoo_envs import PettingZooFactory, is_pettingzoo_id
 from trellis.envs.pgx_envs import PgxFactory, is_pgx_id
 from trellis.envs.playground_envs import PlaygroundFactory, is_playground_id
+from trellis.envs.sleep_env import SleepFactory, is_sleep_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 # Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium),
@@ -48,13 +49,14 @@ def _adapters(env_id: str) -> list:
 
 def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory
                                       | PgxFactory | PettingZooFactory | JaxMARLFactory
-                                      | PlaygroundFactory):
+                                      | PlaygroundFactory | SleepFactory):
     """The factory for an id: "gymnax:ID", "brax:NAME" and "playground:NAME" give gymnax's,
     Brax's and MuJoCo Playground's envs (JAX, for --platform=anakin), "pgx:GAME" pgx's
     two-player games (JAX, for self-play on anakin),
     "envpool:ID" batches of envpool's envs for env workers, "pettingzoo:FAMILY/NAME" PettingZoo's
     parallel multi-agent envs for env workers, "jaxmarl:ID" JaxMARL's multi-agent envs (JAX, for
-    anakin; "warehouses" too), anything else a Gymnasium id."""
+    anakin; "warehouses" too), "sleep:MS" envs that only sleep MS ms per step (scaling
+    measurements), anything else a Gymnasium id."""
     if is_gymnax_id(env_id):
         return GymnaxFactory(env_id)
     if is_pgx_id(env_id):
@@ -69,6 +71,8 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
         return PettingZooFactory(env_id)
     if is_jaxmarl_id(env_id):
         return JaxMARLFactory(env_id)
+    if is_sleep_id(env_id):
+        return SleepFactory(env_id)
     return EnvFactory(env_id)
 
 
