@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The extras `make setup` installs: dev, plus the optional packages whose tests run in the
 # default suite. The dm-reverb environment below installs dev only (its JAX is too old for some).
-EXTRAS := dev,gymnax,brax,tune,envpool,popgym,es,search,marl,mujoco,playground
+EXTRAS := dev,gymnax,brax,tune,envpool,popgym,es,search,marl,mujoco,playground,minatar
 
 .PHONY: setup run test test-slow test-reverb lint bench clean
 

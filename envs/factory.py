@@ -18,6 +18,7 @@ from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
 from trellis.envs.jaxmarl_envs import JaxMARLFactory, is_jaxmarl_id
+from trellis.envs.minatar_envs import MinatarFactory, is_minatar_id
 from trellis.envs.pettingzoo_envs import PettingZooFactory, is_pettingzoo_id
 from trellis.envs.pgx_envs import PgxFactory, is_pgx_id
 from trellis.envs.playground_envs import PlaygroundFactory, is_playground_id
@@ -53,7 +54,8 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
     """The factory for an id: "gymnax:ID", "brax:NAME" and "playground:NAME" give gymnax's,
     Brax's and MuJoCo Playground's envs (JAX, for --platform=anakin), "pgx:GAME" pgx's
     two-player games (JAX, for self-play on anakin),
-    "envpool:ID" batches of envpool's envs for env workers, "pettingzoo:FAMILY/NAME" PettingZoo's
+    "envpool:ID" batches of envpool's envs for env workers, "minatar:GAME" batches of MinAtar's
+    games for env workers, "pettingzoo:FAMILY/NAME" PettingZoo's
     parallel multi-agent envs for env workers, "jaxmarl:ID" JaxMARL's multi-agent envs (JAX, for
     anakin; "warehouses" too), "sleep:MS" envs that only sleep MS ms per step (scaling
     measurements), anything else a Gymnasium id."""
@@ -67,6 +69,8 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
         return PlaygroundFactory(env_id)
     if is_envpool_id(env_id):
         return EnvpoolFactory(env_id)
+    if is_minatar_id(env_id):
+        return MinatarFactory(env_id)
     if is_pettingzoo_id(env_id):
         return PettingZooFactory(env_id)
     if is_jaxmarl_id(env_id):
