@@ -43,6 +43,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
         compile_cache_dir,
         run_experiment,
     )
+    from trellis.envs.errors import UnknownEnvError
 
     try:
         builder, env_factory = run.build()
@@ -64,7 +65,9 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     except CheckpointError as e:
         print(f"run.py: error: --resume: {e}", file=sys.stderr)
         return 2
-    except (AnakinError, UnsupportedError, PolicyMappingError) as e:
+    # UnknownEnvError: a package an env's module needs (pettingzoo's pistonball: pymunk) is
+    # found missing only when the checks make an env.
+    except (AnakinError, UnsupportedError, PolicyMappingError, UnknownEnvError) as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return 2
     print(

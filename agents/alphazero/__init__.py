@@ -1,10 +1,18 @@
 """AlphaZero (Silver et al., 2018) with mctx's search on pgx's two-player games."""
 
-from trellis.agents.alphazero.builder import AlphaZeroBuilder
 from trellis.agents.alphazero.config import AlphaZeroConfig
+from trellis.agents.alphazero.extra import SEARCH_PACKAGES, missing_search_extra
 
-# The names agents/registry.py looks up.
-Builder = AlphaZeroBuilder
+# The names agents/registry.py looks up. Without the search extra, Builder is a stand-in that
+# says what to install when built (agents/alphazero/extra.py).
 Config = AlphaZeroConfig
+try:
+    from trellis.agents.alphazero.builder import AlphaZeroBuilder
+except ModuleNotFoundError as e:
+    if e.name not in SEARCH_PACKAGES:
+        raise
+    Builder = missing_search_extra(e.name)
+else:
+    Builder = AlphaZeroBuilder
 
 __all__ = ["AlphaZeroBuilder", "AlphaZeroConfig", "Builder", "Config"]

@@ -8,8 +8,8 @@ from typing import Any
 import jax
 
 from trellis.agents.common import AgentBuilder
-from trellis.agents.es.config import ESConfig
-from trellis.agents.es.learner import ESLearner, Search, make_search
+from trellis.agents.es.config import OPEN_ES, ESConfig
+from trellis.agents.es.learner import ESLearner, Search, evosax_algorithms, make_search
 from trellis.agents.es.networks import ESNetworks, make_networks
 from trellis.builders.contract.agent import EPISODES, Capabilities, QueueSpec, Training
 from trellis.envs.specs import EnvSpec
@@ -26,7 +26,11 @@ class ESBuilder(AgentBuilder):
     config: ESConfig
 
     def __init__(self, config: ESConfig):
+        """Raises ValueError (one line) when the strategy's package, evosax, is missing: before
+        anything starts rather than when the search is first made."""
         super().__init__(config)  # type: ignore[arg-type]  # Not an AgentConfig: no unrolls.
+        if config.strategy != OPEN_ES:
+            evosax_algorithms(config.strategy)
 
     @property
     def capabilities(self) -> Capabilities:

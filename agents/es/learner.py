@@ -108,17 +108,26 @@ def make_open_es(networks: ESNetworks, config: ESConfig) -> Search:
     return Search(init, ask, update, size)
 
 
+def evosax_algorithms(strategy: str) -> Any:
+    """evosax's `algorithms` module, which `strategy` (one of EVOSAX_STRATEGIES) needs.
+
+    Raises:
+      ValueError: evosax (the es extra) is not installed; one line.
+    """
+    try:
+        return importlib.import_module("evosax.algorithms")
+    except ImportError as e:
+        raise ValueError(f"--strategy={strategy} needs evosax: pip install -e '.[es]' "
+                         "(--strategy=open_es needs nothing more)") from e
+
+
 def make_evosax(networks: ESNetworks, config: ESConfig) -> Search:
     """One of evosax 0.3's strategies on the flat params (it minimises: we tell -fitness).
 
     Raises:
       ValueError: evosax is not installed.
     """
-    try:
-        algorithms = importlib.import_module("evosax.algorithms")
-    except ImportError as e:
-        raise ValueError(f"--strategy={config.strategy} needs evosax: pip install -e '.[es]' "
-                         "(--strategy=open_es needs nothing more)") from e
+    algorithms = evosax_algorithms(config.strategy)
     cls = getattr(algorithms, EVOSAX_STRATEGIES[config.strategy])
     solution = jnp.zeros(networks.num_params, jnp.float32)
     options: dict[str, Any] = {}

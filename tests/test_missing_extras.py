@@ -1,0 +1,87 @@
+"""An agent or env whose pyproject extra is not installed: run.py says which extra in one line
+and exits 2, with no traceback.
+
+AlphaZero's package imports mctx, so its case runs run.py in a fresh interpreter where a
+sitecustomize hides the packages (`sys.modules[name] = None`: `import name` raises
+ModuleNotFoundError, as for a package that is not installed). The others import their package
+lazily and are hidden the same way in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trellis.launch import run as run_py
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
+
+
+def _assert_one_line(code: int, stderr: str, expected: str) -> None:
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], stderr
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, *packages: str) -> None:
+    """Makes `import P` (and of its submodules, loaded already or not) fail in this process."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in packages:
+            monkeypatch.setitem(sys.modules, name, None)
+    for package in packages:
+        monkeypatch.setitem(sys.modules, package, None)
+
+
+@pytest.mark.parametrize("hidden,flags", [
+    # Neither installed (the extra missing): the game's id is checked first.
+    (("mctx", "pgx"), ["--env=pgx:tic_tac_toe", "--platform=anakin"]),
+    # pgx without mctx: the agent itself needs the extra.
+    (("mctx",), ["--env=pgx:tic_tac_toe", "--platform=anakin"]),
+], ids=["search_extra", "mctx"])
+def test_alphazero_without_the_search_extra(hidden, flags, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nsys.modules.update(dict.fromkeys({list(hidden)!r}))\n")
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([*RUN, "--agent=alphazero", *flags, f"--logdir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    _assert_one_line(out.returncode, out.stderr, "pip install -e '.[search]'")
+
+
+def test_es_strategy_of_evosax_without_the_es_extra(monkeypatch, capsys, tmp_path):
+    _hide(monkeypatch, "evosax")
+    code = run_py.main(["--agent=es", "--strategy=cma_es", "--platform=local_mt",
+                        "--env=CartPole-v1", f"--logdir={tmp_path}"])
+    _assert_one_line(code, capsys.readouterr().err,
+                     "--strategy=cma_es needs evosax: pip install -e '.[es]'")
+
+
+@pytest.mark.parametrize("hidden,env", [
+    (("jaxmarl",), "jaxmarl:MPE_simple_spread_v3"),
+    (("mpe2", "pettingzoo"), "pettingzoo:mpe2/simple_spread_v3"),
+    (("pettingzoo",), "pettingzoo:sisl/pursuit_v5"),
+], ids=["jaxmarl", "mpe2", "pettingzoo"])
+def test_marl_ids_without_the_marl_extra(hidden, env, monkeypatch, capsys, tmp_path):
+    _hide(monkeypatch, *hidden)
+    platform = "anakin" if env.startswith("jaxmarl:") else "local_mt"
+    code = run_py.main(["--agent=ippo", f"--env={env}", f"--platform={platform}",
+                        f"--logdir={tmp_path}"])
+    _assert_one_line(code, capsys.readouterr().err, "pip install -e '.[marl]'")
+
+
+def test_pettingzoo_env_whose_module_needs_a_missing_package(monkeypatch, capsys, tmp_path):
+    """pistonball needs pymunk, which no extra installs: found when the checks make an env."""
+    pytest.importorskip("pettingzoo", reason="needs the marl extra")
+    _hide(monkeypatch, "pymunk")
+    for name in [n for n in sys.modules if n.startswith("pettingzoo.butterfly.pistonball")]:
+        monkeypatch.delitem(sys.modules, name)
+    code = run_py.main(["--agent=ippo", "--env=pettingzoo:butterfly/pistonball_v6",
+                        "--platform=local_mt", f"--logdir={tmp_path}"])
+    _assert_one_line(code, capsys.readouterr().err, "needs the 'pymunk' package")
