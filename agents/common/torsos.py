@@ -85,14 +85,50 @@ class ImpalaResNetTorso(nn.Module):
         return x.reshape(batch_shape + (self.hidden_size,))
 
 
+class MinAtarTorso(nn.Module):
+    """The MinAtar paper's network body (Young & Tian, 2019): one conv 3x3, 16 channels, stride
+    1, unpadded (PyTorch's default, as in the paper's code), then a Dense layer of
+    `hidden_size` (128 in the paper), both relu, for MinAtar's 10x10xC grids of 0/1 planes
+    (uint8 or float32). It takes the planes unscaled: dividing by 255 as for camera frames
+    would shrink them to ~0.004; and a stride-4 8x8 conv (the "nature" torso) would see the
+    10x10 grid in 3x3 blurs."""
+
+    hidden_size: int = 128
+
+    @nn.compact
+    def __call__(self, x):  # [..., H, W, C]
+        batch_shape = x.shape[:-3]
+        x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32)
+        x = nn.relu(nn.Conv(16, (3, 3), strides=(1, 1), padding="VALID")(x))
+        x = nn.relu(nn.Dense(self.hidden_size)(x.reshape((x.shape[0], -1))))
+        return x.reshape(batch_shape + (self.hidden_size,))
+
+
 def channels_first(spec: EnvSpec) -> bool:
     """Whether pixel observations put channels first."""
     # Frames are wider than deep: ALE's vector env stacks [4, 84, 84], wrappers give HWC.
     return spec.observation_shape[0] < spec.observation_shape[-1]
 
 
-def make_torso(spec: EnvSpec, hidden_sizes: Sequence[int]) -> nn.Module:
-    """A conv torso for pixel observations, otherwise an MLP with `hidden_sizes`."""
-    if spec.pixels:
-        return ConvTorso(channels_first=channels_first(spec))
-    return MLPTorso(tuple(hidden_sizes))
+# The `pixel_torso` settings' values (agents/impala/config.py, agents/ppo/config.py).
+PIXEL_TORSOS = ("nature", "resnet", "minatar")
+
+
+def make_torso(spec: EnvSpec, hidden_sizes: Sequence[int], pixel_torso: str = "nature"
+               ) -> nn.Module:
+    """For pixel observations the conv torso `pixel_torso` names: "nature" (`ConvTorso`, the
+    DQN paper's), "resnet" (`ImpalaResNetTorso`, the IMPALA paper's) or "minatar"
+    (`MinAtarTorso`, the MinAtar paper's); otherwise an MLP with `hidden_sizes`.
+
+    Raises:
+      ValueError: an unknown `pixel_torso`.
+    """
+    if pixel_torso not in PIXEL_TORSOS:
+        raise ValueError(f"pixel_torso {pixel_torso!r}: expected one of {PIXEL_TORSOS}")
+    if not spec.pixels:
+        return MLPTorso(tuple(hidden_sizes))
+    if pixel_torso == "minatar":
+        return MinAtarTorso()
+    if pixel_torso == "resnet":
+        return ImpalaResNetTorso(channels_first=channels_first(spec))
+    return ConvTorso(channels_first=channels_first(spec))

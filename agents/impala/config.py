@@ -38,9 +38,10 @@ class ImpalaConfig(AgentConfig):
         None, "widths of the MLP torso's hidden layers, comma-separated; none: 64,64, or 64 "
         "with --core=lstm", ge=1)
     pixel_torso: str | None = setting(
-        None, "torso for pixel observations: nature (3 conv layers, the DQN paper's) or resnet "
-        "(the IMPALA paper's deep residual torso); none: nature, or resnet with --core=lstm",
-        choices=("nature", "resnet"))
+        None, "torso for pixel observations: nature (the DQN paper's conv layers), resnet (the "
+        "IMPALA paper's deep residual torso) or minatar (the MinAtar paper's one 3x3 conv and "
+        "128 units, for its 10x10 grids); none: nature, or resnet with --core=lstm",
+        choices=("nature", "resnet", "minatar"))
     normalize_observations: bool | None = setting(
         None, "normalize vector observations by their running mean and variance over the "
         "learner's batches; none: only with --core=lstm")
@@ -62,6 +63,9 @@ class ImpalaConfig(AgentConfig):
         1.0, "V-trace: clip of the importance weights in the policy gradient", ge=0)
     vtrace_lambda: float = setting(
         1.0, "V-trace: lambda mixing n-step targets (1: full V-trace)", ge=0, le=1)
+    reward_clip: float | None = setting(
+        None, "the learner clips rewards to [-reward_clip, reward_clip] (Atari: 1); the "
+        "reported returns stay unclipped; none: no clipping", gt=0)
 
     def __post_init__(self):
         for name, value in CORE_DEFAULTS.get(self.core, {}).items():

@@ -15,10 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from trellis.agents.common import (
-    ImpalaResNetTorso,
     LSTMCore,
     ObservationNormalizer,
-    channels_first,
     lstm_initial_state,
     make_torso,
 )
@@ -79,8 +77,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
       lstm_size: the LSTM's width.
       normalize_observations: normalize vector observations by running moments that the
         learner keeps in the variables' "obs_norm" collection (ignored for pixels).
-      pixel_torso: "nature" (the DQN paper's conv torso) or "resnet" (the IMPALA paper's deep
-        residual torso) for pixel observations.
+      pixel_torso: "nature" (the DQN paper's conv torso), "resnet" (the IMPALA paper's deep
+        residual torso) or "minatar" (the MinAtar paper's) for pixel observations.
 
     Raises:
       ValueError: the action space is not discrete.
@@ -88,8 +86,7 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
     if not spec.discrete:
         raise ValueError("IMPALA here handles discrete actions; use --agent=sac or ppo for Box.")
     recurrent = core == "lstm"
-    torso = (ImpalaResNetTorso(channels_first=channels_first(spec))
-             if pixel_torso == "resnet" and spec.pixels else make_torso(spec, hidden_sizes))
+    torso = make_torso(spec, hidden_sizes, pixel_torso)
     normalizer = (ObservationNormalizer(spec.observation_shape)
                   if normalize_observations and not spec.pixels else None)
     net = PolicyValueNet(spec.num_actions, torso, lstm_size if recurrent else 0, normalizer)

@@ -26,7 +26,8 @@ class PPOBuilder(AgentBuilder):
     config: PPOConfig
 
     def make_networks(self, spec: EnvSpec) -> PPONetworks:
-        return make_networks(spec, self.config.hidden_sizes, self.config.normalize_observations)
+        return make_networks(spec, self.config.hidden_sizes, self.config.normalize_observations,
+                             self.config.pixel_torso)
 
     def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
         """What the inference server records per step beside the action.

@@ -33,6 +33,11 @@ class PPOConfig(AgentConfig):
     max_grad_norm: float = 0.5
     adam_eps: float = 1e-5
 
+    pixel_torso: str = setting(
+        "nature", "torso for pixel observations: nature (the DQN paper's conv layers), resnet "
+        "(the IMPALA paper's deep residual torso) or minatar (the MinAtar paper's one 3x3 conv "
+        "and 128 units, for its 10x10 grids)", choices=("nature", "resnet", "minatar"))
+
     # Optimisation per batch: `num_epochs` passes, each over `num_minibatches` minibatches
     # of the batch's T * B transitions, shuffled.
     num_epochs: int = setting(4, "passes over each batch", ge=1)
@@ -61,6 +66,9 @@ class PPOConfig(AgentConfig):
     normalize_observations: bool = setting(
         False, "normalise vector observations by running moments (in the params, checkpointed)")
     reward_scale: float = setting(1.0, "the learner multiplies rewards by this", gt=0)
+    reward_clip: float | None = setting(
+        None, "the learner clips rewards to [-reward_clip, reward_clip] before reward_scale "
+        "(Atari: 1); the reported returns stay unclipped; none: no clipping", gt=0)
 
     def check(self) -> None:
         if self.num_transitions % self.num_minibatches:

@@ -161,7 +161,8 @@ def make_multi_agent_networks(spec: MultiAgentSpec, config: IPPOConfig) -> Multi
                          "(use --agent=ippo)")
     policies = {}
     for group in groups:
-        networks = make_networks(group.spec, config.hidden_sizes, config.normalize_observations)
+        networks = make_networks(group.spec, config.hidden_sizes, config.normalize_observations,
+                                 config.pixel_torso)
         if config.centralised_critic:
             actor_size = group.spec.observation_shape[0]
             net = ActorCritic(

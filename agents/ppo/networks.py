@@ -133,10 +133,12 @@ class PPONetworks:
 
 
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
-                  normalize_observations: bool = False) -> PPONetworks:
+                  normalize_observations: bool = False, pixel_torso: str = "nature"
+                  ) -> PPONetworks:
     """Categorical policy for Discrete actions, diagonal Gaussian for 1-D Box actions; with
     `normalize_observations`, vector observations are normalised by running moments that the
-    learner keeps in the params' "obs_norm" collection (`ObservationNormalizer`).
+    learner keeps in the params' "obs_norm" collection (`ObservationNormalizer`); pixel
+    observations go through the torso `pixel_torso` names (`agents.common.make_torso`).
 
     Raises:
       ValueError: Box actions of rank other than 1, or without finite bounds.
@@ -155,8 +157,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
         num_outputs = spec.action_shape[0]
         distribution = DiagonalGaussian(spec.action_low, spec.action_high)
     net = ActorCritic(
-        policy_torso=make_torso(spec, hidden_sizes),
-        value_torso=make_torso(spec, hidden_sizes),
+        policy_torso=make_torso(spec, hidden_sizes, pixel_torso),
+        value_torso=make_torso(spec, hidden_sizes, pixel_torso),
         num_outputs=num_outputs,
         gaussian=not spec.discrete,
         normalizer=(ObservationNormalizer(spec.observation_shape)
