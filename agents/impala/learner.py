@@ -48,13 +48,16 @@ def make_update(
             params, batch["obs"], batch["first"], recorded_state(batch))
         discounts = config.discount * (1.0 - batch["terminated"][1:].astype(jnp.float32))
         mask = 1.0 - batch["first"][1:].astype(jnp.float32)  # [T, B]
+        rewards = batch["reward"][1:]  # [T, B]; clipped here, so returns are reported unclipped.
+        if config.reward_clip is not None:
+            rewards = jnp.clip(rewards, -config.reward_clip, config.reward_clip)
         losses, metrics = jax.vmap(functools.partial(loss_fn, entropy_cost=entropy_cost),
                                    in_axes=1)(
             logits,
             values,
             batch["action"][:-1],
             batch["logits"][:-1],
-            batch["reward"][1:],
+            rewards,
             discounts,
             mask,
         )

@@ -55,7 +55,10 @@ def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch,
                           lambda_=config.gae_lambda),
         in_axes=1, out_axes=1,
     )(batch["first"][1:], batch["terminated"][1:], batch["truncated"][1:])  # [T, B] each
-    reward_t = batch["reward"][1:].astype(jnp.float32) * config.reward_scale  # [T, B]
+    reward_t = batch["reward"][1:].astype(jnp.float32)  # [T, B]
+    if config.reward_clip is not None:  # Here, so the returns are reported unclipped.
+        reward_t = jnp.clip(reward_t, -config.reward_clip, config.reward_clip)
+    reward_t = reward_t * config.reward_scale
     action = batch[networks.distribution.learn_field][:-1]
     if config.advantages == "vtrace":
         dist_params, values = networks.apply(params, batch["obs"])  # [T+1, B, ...], [T+1, B]
