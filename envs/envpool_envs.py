@@ -11,7 +11,11 @@ an episode boundary. Where envpool differs, this module adapts:
 - Atari: by default envpool reports `terminated` at each lost life without resetting the game
   (`episodic_life`) and clips rewards to their sign; the worker would then start an episode
   inside a game and report clipped returns. Both are off here: an episode is a game, as with
-  Gymnasium's ALE ids, and clipping is the learner's business.
+  Gymnasium's ALE ids, and clipping is the learner's business (the agents' `reward_clip`), so
+  reported returns are the game's score. `options` (envs/atari.py's settings: frame skip,
+  stack, size, no-ops, sticky actions, full action space, episodic life) change the rest;
+  with episodic life on, a lost life ends an episode as the worker sees it, and the game's
+  reset follows only its last life.
 - envpool seeds its envs when the pool is built, not at reset: `make_vector(num_envs, seed)`
   builds it with the worker's seed.
 - Each step checks that the envs that reset (envpool's `elapsed_step` is 0 after a reset) are
@@ -53,10 +57,13 @@ class EnvpoolVector:
 
     Args:
       pool: an envpool env made with env_type="gymnasium".
+      episodic_life: the pool reports `terminated` at each lost life (Atari's
+        `episodic_life`); only the game's end (envpool's `info["terminated"]`) resets it.
     """
 
-    def __init__(self, pool: Any):
+    def __init__(self, pool: Any, episodic_life: bool = False):
         self._pool = pool
+        self._episodic_life = episodic_life
         self.num_envs = int(pool.config["num_envs"])
         self.single_observation_space = pool.observation_space
         self.single_action_space = pool.action_space
@@ -85,7 +92,8 @@ class EnvpoolVector:
                 f"envpool reset envs {np.flatnonzero(reset).tolist()} after envs "
                 f"{np.flatnonzero(self._ended).tolist()} ended: an episode boundary the env "
                 f"worker would not see")
-        self._ended = terminated | truncated
+        game_over = np.asarray(info["terminated"]) if self._episodic_life else terminated
+        self._ended = game_over | truncated
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
@@ -101,6 +109,7 @@ class EnvpoolFactory:
     """
 
     env_id: str
+    options: tuple[tuple[str, Any], ...] = ()  # envpool's own keyword arguments (Atari's).
 
     jax_native = False  # Stepped by env workers on the host.
 
@@ -119,10 +128,16 @@ class EnvpoolFactory:
         """`num_envs` envs of the task in one pool seeded with `seed`, reset."""
         self.validate()
         envpool = _envpool()
-        options = envpool.make_spec(self.task).config._fields
-        kwargs = {k: v for k, v in _GAME_EPISODES.items() if k in options}
+        known = envpool.make_spec(self.task).config._fields
+        kwargs = {k: v for k, v in _GAME_EPISODES.items() if k in known}
+        unknown = sorted(k for k, _ in self.options if k not in known)
+        if unknown:
+            raise UnknownEnvError(f"{self.env_id}: envpool's task has no option {unknown[0]!r} "
+                                  f"(the Atari settings are for Atari tasks)")
+        kwargs.update(self.options)
         envs = EnvpoolVector(envpool.make(self.task, env_type="gymnasium", num_envs=num_envs,
-                                          seed=seed, **kwargs))
+                                          seed=seed, **kwargs),
+                             episodic_life=bool(kwargs.get("episodic_life")))
         envs.reset()
         return envs
 
