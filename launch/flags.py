@@ -45,6 +45,8 @@ from trellis.builders.experiments.rundir import (
     RUN_RECORD,
 )
 from trellis.envs import UnknownEnvError, make_env_factory
+from trellis.envs.atari import is_atari_factory
+from trellis.envs.atari import with_settings as with_atari_settings
 from trellis.launch.runtime import PLATFORMS
 from trellis.reverb_tables import reverb_available
 
@@ -60,6 +62,9 @@ _COMMAND_LINE_ONLY = ("config", "resume")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # A settings file's section that tune.py searches over (docs/tuning.md); run.py ignores it.
 SEARCH = "search"
+# The presets an agent may offer (`PRESETS` of its package: {name: {setting: value}}), each a
+# set of settings from a published source for a family of envs (docs/atari.md).
+PRESET_NAMES = ("atari",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +81,10 @@ class RunOptions(Config):
         "local Ray instance for this run (docs/cluster.md)")
     logdir: str | None = setting(None, "run directory; none: runs/AGENT-ENV-TIME")
     quiet: bool = setting(False, "no progress output")
+    preset: str | None = setting(
+        None, "a published source's settings for the agent on a family of envs (atari: "
+        "docs/atari.md); settings given in a --config file or as flags override them",
+        choices=PRESET_NAMES)
     no_compile_cache: bool = setting(
         False, "compile every jitted program afresh instead of using JAX's persistent "
         "compilation cache, kept beside the run directory (runs/.jax_cache)")
@@ -118,6 +127,34 @@ class RunOptions(Config):
 
 
 @dataclasses.dataclass(frozen=True)
+class AtariConfig(Config):
+    """The frame handling of Atari envs (ALE/NAME-v5 or envpool:NAME-v5 ids; envs/atari.py);
+    each left at None keeps the env id's own. Rewards are clipped by the agents' learners
+    (their reward_clip), so the returns a run reports are the game's score."""
+
+    episodic_life: bool | None = setting(
+        None, "Atari: a lost life ends an episode (the game goes on; returns are then per "
+        "life); none: the id's own (off)")
+    frame_skip: int | None = setting(
+        None, "Atari: frames each action repeats (the last two max-pooled); none: 4", ge=1)
+    frame_stack: int | None = setting(
+        None, "Atari: frames stacked in an observation; none: 4", ge=1)
+    frame_size: int | None = setting(
+        None, "Atari: the grey frames' side in pixels; none: 84", ge=8)
+    noop_max: int | None = setting(
+        None, "Atari: at most this many no-op actions start each game; none: 30", ge=0)
+    repeat_action_probability: float | None = setting(
+        None, "Atari: sticky actions, the probability of repeating the previous action; "
+        "none: the id's own (0.25 for ALE/*-v5, 0 for envpool:*)", ge=0, le=1)
+    full_action_space: bool | None = setting(
+        None, "Atari: all 18 actions instead of the game's minimal set; none: off")
+
+    def given(self) -> dict[str, Any]:
+        """The settings that are not None, by name."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
     """Everything a run is built from: the validated configs."""
 
@@ -125,6 +162,7 @@ class RunSettings:
     experiment: ExperimentConfig
     agent: Any  # The agent's Config.
     pbt: PBTConfig = PBTConfig()  # Used with --pbt (anakin); tune.py's PBT reads it too.
+    atari: AtariConfig = AtariConfig()
 
     def build(self) -> tuple[Any, Any]:
         """(the agent's builder, the env factory) these settings name.
@@ -136,7 +174,8 @@ class RunSettings:
             raise ValueError("--replay_backend=reverb needs dm-reverb, which is not installed "
                              "here (`make test-reverb` builds .venv-reverb with it); use native")
         builder = agent_module(self.options.agent).Builder(self.agent)
-        return builder, make_env_factory(self.options.env)
+        return builder, with_atari_settings(make_env_factory(self.options.env),
+                                            self.atari.given())
 
     def platform(self) -> HostPlatform | PopulationSettings:
         """The platform's typed settings: a program graph's, or anakin's population."""
@@ -160,8 +199,9 @@ class RunSettings:
     def saved_options(self) -> dict[str, Any]:
         """The options config.json records: all but those that say how this invocation was
         started (config, resume, logdir: the run directory is where the file lies); with
-        --pbt, the --pbt_* settings too."""
+        --pbt, the --pbt_* settings too; the Atari settings that are not None."""
         saved = {k: v for k, v in dataclasses.asdict(self.options).items() if k not in _NOT_SAVED}
+        saved.update(self.atari.given())
         return {**saved, **dataclasses.asdict(self.pbt)} if self.options.pbt else saved
 
 
@@ -177,7 +217,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _classes(agent_config: type) -> tuple[type, ...]:
-    return RunOptions, ExperimentConfig, agent_config, PBTConfig
+    return RunOptions, ExperimentConfig, agent_config, PBTConfig, AtariConfig
 
 
 def _settings_by_name(agent_config: type) -> dict[str, Setting]:
@@ -453,14 +493,16 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
     # Below everything given: the agent's own defaults for the platform (e.g. PPO on anakin),
-    # which --help shows too.
+    # then its preset's, which --help shows too.
     platform = _platform(given, base, defaults)
     defaults = {**getattr(agent_module(agent), "PLATFORM_DEFAULTS", {}).get(platform, {}),
+                **preset_settings(agent, given.get("preset", base.get("preset"))),
                 **(defaults or {})}
 
     titles = ("command line", "experiment (ExperimentConfig)",
               f"agent {agent} ({agent_config.__name__})",
-              "population-based training (PBTConfig: tune.py --scheduler=pbt, run.py --pbt)")
+              "population-based training (PBTConfig: tune.py --scheduler=pbt, run.py --pbt)",
+              "Atari envs (AtariConfig: ALE/NAME-v5, envpool:NAME-v5; docs/atari.md)")
     parser = _parser(prog, description, list(zip(titles, _classes(agent_config), strict=True)),
                      defaults=defaults)
     given, extra = _given(parser, argv, known)
@@ -478,6 +520,13 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
         env_factory.validate()
     except UnknownEnvError as e:
         raise UsageError(str(e)) from None
+    atari = sorted(s.name for s in settings(AtariConfig) if values.get(s.name) is not None)
+    if atari and not is_atari_factory(env_factory):
+        preset = values.get("preset")
+        what = (f"--preset={preset} is" if preset is not None
+                else f"the Atari settings ({', '.join(atari)}) are")
+        raise UsageError(f"{what} for Atari envs (ALE/NAME-v5, envpool:NAME-v5), not "
+                         f"--env={values['env']}")
     if env_factory.jax_native and platform != ANAKIN:
         raise UsageError(f"--env={values['env']} is written in JAX: it runs with "
                          f"--platform={ANAKIN}, not {platform}")
@@ -487,6 +536,25 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     run = _build(values, origin, agent_config)
     run.population_hparams()  # Its errors here, before anything starts.
     return run
+
+
+def preset_settings(agent: str, preset: str | None) -> dict[str, Any]:
+    """The settings of `agent`'s preset `preset` ({} for None).
+
+    Raises:
+      UsageError: an unknown preset, or one the agent does not have.
+    """
+    if preset is None:
+        return {}
+    if preset not in PRESET_NAMES:
+        raise UsageError(f"--preset must be one of {', '.join(PRESET_NAMES)} or none, got "
+                         f"{preset!r}")
+    presets = getattr(agent_module(agent), "PRESETS", {})
+    if preset not in presets:
+        having = [a for a in sorted(AGENTS) if preset in getattr(agent_module(a), "PRESETS", {})]
+        raise UsageError(f"--agent={agent} has no --preset={preset}; the agents that have it: "
+                         f"{', '.join(having)}")
+    return dict(presets[preset])
 
 
 def platform_of(argv: Sequence[str]) -> str:

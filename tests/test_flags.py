@@ -19,7 +19,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tested on their own below.
 OPTIONS_TESTED_ELSEWHERE = {"agent", "config", "resume", "ray_address", "logdir",
                             "num_seeds", "member_hparams",  # Anakin only: test_anakin.
-                            "pbt"}  # Anakin only: test_pbt_anakin.
+                            "pbt",  # Anakin only: test_pbt_anakin.
+                            "preset"}  # Needs an Atari env: test_atari_presets.
 
 
 def _other_value(s):

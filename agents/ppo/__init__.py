@@ -1,10 +1,12 @@
 """PPO (Schulman et al., 2017) with GAE, SEED-style central inference."""
 
+from trellis.agents.ppo.atari import PPO_ATARI
 from trellis.agents.ppo.builder import PPOBuilder
 from trellis.agents.ppo.config import PLATFORM_DEFAULTS, PPOConfig
 
-# The names agents/registry.py looks up.
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/atari.md).
 Builder = PPOBuilder
 Config = PPOConfig
+PRESETS = {"atari": PPO_ATARI}
 
-__all__ = ["PLATFORM_DEFAULTS", "Builder", "Config", "PPOBuilder", "PPOConfig"]
+__all__ = ["PLATFORM_DEFAULTS", "PRESETS", "Builder", "Config", "PPOBuilder", "PPOConfig"]

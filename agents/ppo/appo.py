@@ -2,11 +2,13 @@
 advantages, for the command line (`--agent=appo`): PPO's builder with the preset of its config
 (agents/ppo/config.py's APPOConfig, which says why); nothing of PPO is copied."""
 
+from trellis.agents.ppo.atari import APPO_ATARI
 from trellis.agents.ppo.builder import PPOBuilder
 from trellis.agents.ppo.config import APPOConfig
 
-# The names agents/registry.py looks up.
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/atari.md).
 Builder = PPOBuilder
 Config = APPOConfig
+PRESETS = {"atari": APPO_ATARI}
 
-__all__ = ["APPOConfig", "Builder", "Config"]
+__all__ = ["PRESETS", "APPOConfig", "Builder", "Config"]

@@ -1,0 +1,29 @@
+"""IMPALA's `--preset=atari` (docs/atari.md): the IMPALA paper's Atari settings (Espeholt et
+al., 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted Actor-Learner
+Architectures", the appendix's Atari hyper-parameters, and its Figure 3 for the network).
+
+Where Trellis differs from the paper (docs/atari.md has the table): Adam instead of RMSProp,
+a constant learning rate (the paper anneals it linearly to 0), and no LSTM by default
+(`--core=lstm` adds the paper's; the feed-forward agent steps faster on one GPU).
+"""
+
+ATARI = {
+    # Network: the deep residual torso (Figure 3, right).
+    "pixel_torso": "resnet",
+    # Learning.
+    "learning_rate": 6e-4,
+    "entropy_cost": 0.01,
+    "baseline_cost": 0.5,
+    "max_grad_norm": 40.0,
+    "unroll_length": 20,
+    "batch_size": 32,
+    "discount": 0.99,
+    "reward_clip": 1.0,
+    # The env: the game ends an episode at each lost life; 4 frames skipped (max-pooled) and
+    # 4 stacked, 84 x 84 grey, up to 30 no-ops at the start.
+    "episodic_life": True,
+    "frame_skip": 4,
+    "frame_stack": 4,
+    "frame_size": 84,
+    "noop_max": 30,
+}
