@@ -22,6 +22,11 @@ def policy(params, key, obs, state, first):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), {"logits": logits}, state
 
 
+def keep(unrolls):
+    """An `on_unroll` that keeps the unrolls and drops their params versions."""
+    return lambda unroll, versions: unrolls.append(unroll)
+
+
 def make_server(on_unroll, num_workers=3, k=4, unroll_length=5, timeout_s=0.05):
     stop = threading.Event()
     server = InferenceServer(
@@ -44,7 +49,7 @@ def worker_inputs(rng, k):
 
 def test_batched_actions_match_unbatched_calls_per_slot():
     unrolls = []
-    server, stop = make_server(unrolls.append)
+    server, stop = make_server(keep(unrolls))
     server.start()
     num_workers, k, steps = 3, 4, 12
     sent = {w: [] for w in range(num_workers)}
@@ -93,7 +98,7 @@ def test_a_worker_gets_the_actions_of_the_step_that_fills_an_unroll_while_the_le
     not the one whose unroll is waiting to be taken."""
     taken, release = threading.Event(), threading.Event()
 
-    def on_unroll(chunk):
+    def on_unroll(chunk, versions):
         taken.set()
         release.wait(60)
 
@@ -132,7 +137,7 @@ def _sampling_server(key, unrolls):
     stop = threading.Event()
     server = InferenceServer(
         policy, W, key, step_specs(SPEC, {"u": ArraySpec((), "float32")}), 1, 4, 5,
-        unrolls.append, stop)
+        lambda unroll, versions: unrolls.append(unroll), stop)
     server.start()
     rng = np.random.default_rng(0)
     for _ in range(6):
@@ -150,7 +155,7 @@ def test_every_batch_draws_from_a_fresh_key_that_the_seed_fixes():
 
 
 def test_bad_shapes_are_refused_with_a_clear_error():
-    server, stop = make_server(lambda chunk: None)
+    server, stop = make_server(lambda chunk, versions: None)
     inputs = worker_inputs(np.random.default_rng(0), 4)
     inputs["obs"] = inputs["obs"][:, :2]
     try:
@@ -166,9 +171,19 @@ def _steps(n, k=2, offset=0):
     return [{"x": np.full(k, offset + i, np.float32)} for i in range(n)]
 
 
+def test_recorder_hands_over_the_params_version_of_each_step():
+    out = []
+    rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 1, 2, 3,
+                         lambda unroll, versions: out.append(versions.tolist()))
+    for i, step in enumerate(_steps(7)):
+        rec.record(0, run_id=1, step=step, version=10 + i // 2)
+    # Versions 10 10 11 11 12 12 13; the overlapping step keeps its version.
+    assert out == [[10, 10, 11, 11], [11, 12, 12, 13]]
+
+
 def test_recorder_overlaps_unrolls_by_one_step():
     out = []
-    rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 1, 2, 3, out.append)
+    rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 1, 2, 3, keep(out))
     for step in _steps(7):
         rec.record(0, run_id=1, step=step)
     assert [c["x"][:, 0].tolist() for c in out] == [[0, 1, 2, 3], [3, 4, 5, 6]]
@@ -176,7 +191,7 @@ def test_recorder_overlaps_unrolls_by_one_step():
 
 def test_recorder_drops_partial_unroll_of_a_restarted_worker():
     out = []
-    rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 2, 2, 3, out.append)
+    rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 2, 2, 3, keep(out))
     for step in _steps(2):
         rec.record(1, run_id=1, step=step)
     for step in _steps(4, offset=100):  # The worker came back with a new run id.
@@ -189,7 +204,7 @@ def test_recorder_keeps_each_unrolls_state_when_the_overlap_exceeds_half_the_unr
     """R2D2's case: 7 steps, a new unroll every 3 (overlap 4), so three have begun at once."""
     out = []
     specs = {"x": ArraySpec((), "float32"), "state/s": ArraySpec((), "float32")}
-    rec = UnrollRecorder(specs, 1, 1, 6, out.append, overlap=4)
+    rec = UnrollRecorder(specs, 1, 1, 6, keep(out), overlap=4)
     for i in range(16):  # The state at step i is 100 + i.
         rec.record(0, 1, {"x": np.full(1, i, np.float32)},
                    state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})
@@ -198,7 +213,7 @@ def test_recorder_keeps_each_unrolls_state_when_the_overlap_exceeds_half_the_unr
 
 
 def test_batcher_splits_chunks_into_batches_without_losing_columns():
-    batcher = UnrollBatcher(batch_size=3)
+    batcher = UnrollBatcher(sizes=(3,))
     for i in range(4):  # 4 chunks of 2 columns = 8 columns -> 2 batches, 2 left.
         batcher.add({"x": np.full((5, 2), i)})
     first, second = batcher.pop(), batcher.pop()

@@ -6,13 +6,20 @@ import threading
 import numpy as np
 
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+from trellis.builders.contract.agent import QueueSpec
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import (
     Checkpoints,
     checkpoint_dir,
     latest_checkpoint,
 )
-from trellis.builders.experiments.feeds import UnrollFeed
+from trellis.builders.experiments.feeds import (
+    POLICY_VERSION,
+    UnrollFeed,
+    batch_sizes,
+    max_unrolls,
+)
+from trellis.builders.experiments.learner_node import PolicyLag
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.unroll_queue import LocalUnrollQueue
 from trellis.envs import EnvFactory
@@ -78,21 +85,59 @@ def chunk(first_column, columns, t=3):
 
 
 def test_feed_batches_unrolls_in_order_across_chunk_boundaries():
-    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=4), batch_size=3, stop=threading.Event())
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=4), sizes=(3,), stop=threading.Event())
     for first in (0, 2, 4):  # Three chunks of two columns: 0..5.
-        feed.put(chunk(first, 2))
+        feed.put(chunk(first, 2), np.arange(4) + first)
     assert feed.size() == 3
     batches = [feed.next_batch(), feed.next_batch()]
     assert [b["x"][0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
+    # Each column keeps its chunk's versions (chunk c's step t: t + 2c).
+    assert [b[POLICY_VERSION].T.tolist() for b in batches] == [
+        [[0, 1, 2, 3], [0, 1, 2, 3], [2, 3, 4, 5]], [[2, 3, 4, 5], [4, 5, 6, 7], [4, 5, 6, 7]]]
     assert all(b["x"].shape == (4, 3) for b in batches)
     assert feed.next_batch() is None  # Dry: no partial batch.
 
 
+def test_auto_batch_sizes_double_from_a_quarter_of_the_envs_unrolls_up_to_all_of_them():
+    spec = QueueSpec(unroll_length=5, batch_size=32, max_batches=8)
+    config = ExperimentConfig(num_actors=14, envs_per_actor=32)  # 448 envs.
+    assert batch_sizes(spec, config) == (128, 256)  # 448 / 4 = 112 <= 128; 512 > 448.
+    assert batch_sizes(spec, dataclasses.replace(config, num_actors=32)) == (256, 512, 1024)
+    assert batch_sizes(spec, dataclasses.replace(config, num_actors=2)) == (32, 64)
+    assert batch_sizes(spec, dataclasses.replace(config, num_actors=1)) == (32,)
+    assert batch_sizes(spec, dataclasses.replace(config, envs_per_actor=2)) == (32,)  # 28.
+    assert batch_sizes(spec, dataclasses.replace(config, learner_batch="fixed")) == (32,)
+    # 8 of the smallest batches (32 unrolls of 32 envs), but no more than two of the largest.
+    assert max_unrolls(spec, config) == 16
+    assert max_unrolls(dataclasses.replace(spec, max_batches=1), config) == 4
+    assert max_unrolls(spec, dataclasses.replace(config, learner_batch="fixed")) == 8
+
+
+def test_auto_batch_takes_what_waits_up_to_the_largest_size_it_fills():
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=8), sizes=(2, 4, 8), stop=threading.Event())
+    feed.put(chunk(0, 2), np.zeros(4, np.int64))
+    assert feed.next_batch()["x"][0].tolist() == [0, 1]  # Nothing more waits: the smallest.
+    for first in range(2, 14, 2):  # Six chunks, 12 columns: 2..13.
+        feed.put(chunk(first, 2), np.zeros(4, np.int64))
+    assert feed.next_batch()["x"][0].tolist() == list(range(2, 10))  # 8 of 12.
+    assert feed.next_batch()["x"][0].tolist() == [10, 11, 12, 13]  # The 4 left.
+    assert feed.next_batch() is None
+
+
+def test_policy_lag_is_updates_between_acting_and_learning_over_the_interval():
+    lag = PolicyLag()
+    assert lag.take() == {}
+    lag.add(np.array([[3, 3], [4, 4], [5, 5]]), learner_steps=5)  # Lags 2 2 1 1 0 0.
+    lag.add(np.array([[0], [6]]), learner_steps=7)  # Lags 7 1.
+    assert lag.take() == {"policy_lag_mean": 14 / 8, "policy_lag_max": 7.0}
+    assert lag.take() == {}  # Taken: the next interval starts empty.
+
+
 def test_feed_put_on_a_full_queue_gives_up_at_the_stop():
     stop = threading.Event()
-    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=1), batch_size=2, stop=stop)
-    feed.put(chunk(0, 2))
-    blocked = threading.Thread(target=feed.put, args=(chunk(2, 2),))
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=1), sizes=(2,), stop=stop)
+    feed.put(chunk(0, 2), np.zeros(4, np.int64))
+    blocked = threading.Thread(target=feed.put, args=(chunk(2, 2), np.zeros(4, np.int64)))
     blocked.start()
     blocked.join(timeout=0.5)
     assert blocked.is_alive(), "put must wait while the queue is full"

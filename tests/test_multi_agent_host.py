@@ -82,7 +82,8 @@ def test_inference_serves_each_agent_with_its_policy_and_records_per_agent(agent
     unrolls, stop = [], threading.Event()
     server = InferenceServer(
         jax.jit(builder.make_policy(networks, evaluation=True)), params, jax.random.PRNGKey(0),
-        step_specs(spec, builder.extras_spec(spec)), workers, k, 4, unrolls.append, stop,
+        step_specs(spec, builder.extras_spec(spec)), workers, k, 4,
+        lambda unroll, versions: unrolls.append(unroll), stop,
         timeout_s=0.05, step_format=fmt)
     server.start()
     sent = {w: [] for w in range(workers)}

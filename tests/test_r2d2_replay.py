@@ -151,7 +151,8 @@ def test_feed_streams_every_item_once_in_order_when_the_rate_limiter_holds_inser
     feed = ReplayFeed(replay, "q", 1, stop, max_in_flight=8, insert_timeout_s=0.02)
     chunks, k = 40, 3
     producer = threading.Thread(target=lambda: [
-        feed.put({"x": np.tile(np.arange(c * k, (c + 1) * k), (2, 1))})  # [T + 1 = 2, K]
+        feed.put({"x": np.tile(np.arange(c * k, (c + 1) * k), (2, 1))},  # [T + 1 = 2, K]
+                 np.zeros(2, np.int64))
         for c in range(chunks)])
     producer.start()
     received = []

@@ -41,7 +41,7 @@ def serve(builder, networks, params, num_workers, steps, overlap=1, rng_seed=0,
     server = InferenceServer(
         builder.make_policy(networks), params, jax.random.PRNGKey(1),
         step_specs(SPEC, builder.extras_spec(SPEC), initial_state),
-        num_workers, K, T, unrolls.append, threading.Event(), timeout_s=0.0,
+        num_workers, K, T, lambda unroll, versions: unrolls.append(unroll), threading.Event(), timeout_s=0.0,
         initial_state=initial_state, overlap=overlap)
     server.start()
     rng = np.random.default_rng(rng_seed)
@@ -171,7 +171,8 @@ def _replay_state(builder, networks, params, policy, inputs, worker, steps):
 def test_recorder_captures_state_where_each_unroll_begins_with_overlap():
     out = []
     specs = {"x": step_specs(SPEC, {})["reward"], "state/s": step_specs(SPEC, {})["reward"]}
-    rec = UnrollRecorder(specs, 1, 1, 4, out.append, overlap=2)
+    rec = UnrollRecorder(specs, 1, 1, 4, lambda unroll, versions: out.append(unroll),
+                         overlap=2)
     for i in range(12):  # State at step i is 100 + i.
         rec.record(0, 1, {"x": np.full(1, i, np.float32)},
                    state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})

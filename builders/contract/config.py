@@ -265,6 +265,11 @@ class ExperimentConfig(Config):
     log_every_s: float = setting(1.0, "seconds between progress lines and metrics records", gt=0)
     learn: bool = setting(
         True, "false: act and drain unrolls without learning (measures acting alone)")
+    learner_batch: str = setting(
+        "auto", "unrolls per learner update: auto, every unroll waiting, the agent's "
+        "batch_size times 1, 2, 4, ... up to one from every env (the batch follows the rate "
+        "at which unrolls arrive, so the policy lag stays near one update); fixed: batch_size",
+        choices=("auto", "fixed"))
     unroll_queue: str = setting(
         "local", "where unrolls wait for the learner: an in-process queue (local) or a Queue "
         "table on a replay node (replay)", choices=UNROLL_QUEUES)

@@ -28,15 +28,47 @@ from trellis.launch.runtime.node_context import StopEvent
 from trellis.reverb_tables import RateLimiterTimeout, ReplayClient, StreamingWriter, TableSpec
 
 UnrollQueue = LocalUnrollQueue | TableUnrollQueue
+# An `UnrollFeed` batch's field [T + 1, B]: the version of the params that acted at each step
+# (the learner updates they had seen; `InferenceServer.set_params`). Not a learner input.
+POLICY_VERSION = "policy_version"
+
+
+def batch_sizes(queue_spec: QueueSpec, config: ExperimentConfig) -> tuple[int, ...]:
+    """The batch sizes the learner may get, smallest first (see `UnrollFeed`).
+
+    With `config.learner_batch == "auto"`: the agent's batch size B times powers of two, from
+    the first that holds a quarter of all envs' unrolls (num_actors x envs_per_actor / 4:
+    at most about 4 updates per round of unrolls, which bounds the policy lag) to the last
+    that all envs' unrolls fill. A handful of sizes, so the update compiles a handful of
+    times, each a multiple of B, so each divides over the learner devices as B does.
+    "fixed": B alone.
+    """
+    b = queue_spec.batch_size
+    if config.learner_batch == "fixed":
+        return (b,)
+    envs = config.num_actors * config.envs_per_actor
+    smallest = b << max(0, math.ceil(envs / (4 * b)) - 1).bit_length()
+    return tuple(size for size in (smallest << k for k in range(envs.bit_length()))
+                 if size == smallest or size <= envs)
 
 
 class UnrollBatcher:
-    """Concatenates per-worker unroll chunks [T + 1, K, ...] into batches [T + 1, B, ...]."""
+    """Concatenates per-worker unroll chunks [T + 1, K, ...] into batches [T + 1, B, ...].
 
-    def __init__(self, batch_size: int):
-        self._batch_size = batch_size
+    Args:
+      sizes: the batch sizes it may pop, ascending: the largest that the pending columns
+        fill.
+    """
+
+    def __init__(self, sizes: tuple[int, ...]):
+        self._sizes = sizes
         self._chunks: list[dict[str, np.ndarray]] = []
         self._columns = 0
+
+    @property
+    def columns(self) -> int:
+        """Columns pending."""
+        return self._columns
 
     def add(self, chunk: dict[str, np.ndarray]) -> None:
         self._chunks.append(chunk)
@@ -44,11 +76,11 @@ class UnrollBatcher:
 
     def pop(self) -> dict[str, np.ndarray] | None:
         """A full batch if enough columns are pending; the rest stays for the next one."""
-        if self._columns < self._batch_size:
+        if self._columns < self._sizes[0]:
             return None
         joined = {k: np.concatenate([c[k] for c in self._chunks], axis=1)
                   for k in self._chunks[0]}
-        b = self._batch_size
+        b = max(size for size in self._sizes if size <= self._columns)
         rest = {k: v[:, b:] for k, v in joined.items()}
         self._columns -= b
         self._chunks = [rest] if self._columns else []
@@ -56,21 +88,38 @@ class UnrollBatcher:
 
 
 class UnrollFeed:
-    """Unrolls from inference to the learner: a bounded queue, then batches of `batch_size`.
+    """Unrolls from inference to the learner: a bounded queue, then batches.
+
+    A batch takes at least the smallest of `sizes` columns (waiting for them), then every
+    unroll already waiting in the queue, up to the largest: the largest size they fill goes
+    to the learner, the rest waits for the next batch. So the batch follows the rate at which
+    unrolls arrive: when env workers outrun the learner, each update learns from all that
+    came during the one before, instead of the oldest unrolls of a growing backlog, and the
+    policy lag stays near one update (SEED RL and Sample Factory grow batches the same way).
+
+    Each batch carries `POLICY_VERSION` [T + 1, B] besides the unrolls' fields. The versions
+    wait beside the queue, not in it (a replay node's table holds the unroll's fields only):
+    both queues are FIFO and this feed is their only writer, so they come out in step.
 
     Args:
       unrolls: the queue (`builders.unroll_queue`: in-process, or a replay node's table).
-      batch_size: columns (envs) per batch.
+      sizes: the batch sizes, in columns (envs), ascending (`batch_sizes`).
       stop: the program's stop event; a blocked `put` gives up once it is set.
     """
 
-    def __init__(self, unrolls: UnrollQueue, batch_size: int, stop: StopEvent):
+    def __init__(self, unrolls: UnrollQueue, sizes: tuple[int, ...], stop: StopEvent):
         self._unrolls = unrolls
-        self._batcher = UnrollBatcher(batch_size)
+        self._min_columns, self._max_columns = sizes[0], sizes[-1]
+        self._batcher = UnrollBatcher(sizes)
         self._stop = stop
+        self._versions: collections.deque[np.ndarray] = collections.deque()
 
-    def put(self, chunk: dict[str, np.ndarray]) -> None:
-        """Queues one unroll [T + 1, K, ...]; blocks while the queue is full, until a stop."""
+    def put(self, chunk: dict[str, np.ndarray], versions: np.ndarray) -> None:
+        """Queues one unroll [T + 1, K, ...] acted by params of `versions` [T + 1]; blocks
+        while the queue is full, until a stop."""
+        # First: the learner may take the chunk as soon as it is queued. A chunk a stop keeps
+        # out leaves its versions last, where nothing asks for them.
+        self._versions.append(versions)
         # Blocking while the learner is behind bounds policy lag; the stop ends the wait.
         while not self._stop.is_set():
             if self._unrolls.put(chunk, timeout_s=0.1):
@@ -78,14 +127,23 @@ class UnrollFeed:
 
     def next_batch(self) -> dict[str, np.ndarray] | None:
         """The next batch [T + 1, B, ...], or None if the queue ran dry before one was full."""
-        batch = self._batcher.pop()
-        while batch is None:
-            chunk = self._unrolls.get(timeout_s=0.05)
-            if chunk is None:
+        # Wait for the smallest batch, then take what is waiting, up to the largest.
+        while self._batcher.columns < self._min_columns:
+            if not self._take(timeout_s=0.05):
                 return None
-            self._batcher.add(chunk)
-            batch = self._batcher.pop()
-        return batch
+        while self._batcher.columns < self._max_columns and self._take(timeout_s=0.0):
+            pass
+        return self._batcher.pop()
+
+    def _take(self, timeout_s: float) -> bool:
+        """Moves one unroll from the queue to the batcher; False if none came in time."""
+        chunk = self._unrolls.get(timeout_s=timeout_s)
+        if chunk is None:
+            return False
+        columns = next(iter(chunk.values())).shape[1]
+        versions = self._versions.popleft()
+        self._batcher.add({**chunk, POLICY_VERSION: np.repeat(versions[:, None], columns, 1)})
+        return True
 
     def size(self) -> int:
         """Unrolls waiting in the queue (not counting those already in the batcher)."""
@@ -134,10 +192,12 @@ class ReplayFeed:
             maxlen=max_in_flight)
         self._writer = StreamingWriter(replay, max_in_flight)
 
-    def put(self, chunk: dict[str, np.ndarray]) -> None:
+    def put(self, chunk: dict[str, np.ndarray], versions: np.ndarray) -> None:
         """Streams one item per env slot of `chunk` [T + 1, K, ...]; blocks while the rate
         limiter holds inserts back, until a stop. A stop loses only what the rate limiter
-        holds back: an unroll recorded as the program stops still goes in."""
+        holds back: an unroll recorded as the program stops still goes in. `versions` are
+        not kept: a sampled item's age is the replay ratio's business, not a lag."""
+        del versions
         pending = collections.deque(
             {name: v[:, k] for name, v in chunk.items()}
             for k in range(next(iter(chunk.values())).shape[1]))
@@ -193,9 +253,14 @@ class ReplayFeed:
 
 
 def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
-    """Bound of the unroll queue, in per-worker unrolls [T + 1, K]: `max_batches` batches."""
-    chunks_per_batch = math.ceil(queue_spec.batch_size / config.envs_per_actor)
-    return queue_spec.max_batches * chunks_per_batch
+    """Bound of the unroll queue, in per-worker unrolls [T + 1, K]: `max_batches` batches of
+    the smallest size, and with auto batches no more than two of the largest (one taken
+    while the next fills: more would only age)."""
+    sizes = batch_sizes(queue_spec, config)
+    bound = queue_spec.max_batches * math.ceil(sizes[0] / config.envs_per_actor)
+    if config.learner_batch == "fixed":
+        return bound
+    return min(bound, 2 * math.ceil(sizes[-1] / config.envs_per_actor))
 
 
 def agent_table(builder: Builder, spec: EnvSpec) -> TableSpec | None:

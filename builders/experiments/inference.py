@@ -8,7 +8,8 @@ inputs into one preallocated batch, runs the jitted policy once on it, and repli
 worker with its slice before anything else, so the workers step their envs while this thread
 records: what the policy saw and did is written into per-worker unroll buffers on this side
 (env workers stay stateless); each full unroll of T + 1 steps goes to the learner through
-`on_unroll`.
+`on_unroll`, with the version of the params that acted at each of its steps (the learner
+updates they had seen, `set_params`), from which the learner measures its policy lag.
 
 A recurrent policy's state lives here too, on the device, one row per env slot (SEED RL): the
 jitted call that picks the actions also gathers the batch's rows and scatters the new state
@@ -114,8 +115,9 @@ class UnrollRecorder:
     A worker's K envs advance in lockstep, so one time index per worker suffices. The last
     `overlap` steps of an unroll are copied to be the first of the next one; a full unroll's
     buffers go to `on_unroll` as they are (this side never writes them again), so nothing
-    else is copied. A new run id for a worker (the process restarted) drops its partial
-    unroll, so no unroll spans two runs.
+    else is copied; with them goes the params version of each of its steps [T + 1]. A new
+    run id for a worker (the process restarted) drops its partial unroll, so no unroll spans
+    two runs.
 
     Fields named `state/<name>` are not per step: an unroll holds them once, [1, K, ...], as
     the policy state at its first step. `record` asks for the state (a callable, so it is
@@ -130,7 +132,7 @@ class UnrollRecorder:
         num_workers: int,
         envs_per_worker: int,
         unroll_length: int,
-        on_unroll: Callable[[dict[str, np.ndarray]], None],
+        on_unroll: Callable[[dict[str, np.ndarray], np.ndarray], None],
         overlap: int = 1,
     ):
         self._specs = dict(specs)
@@ -141,6 +143,7 @@ class UnrollRecorder:
         self._overlap = overlap
         self._on_unroll = on_unroll
         self._unrolls = [self._empty() for _ in range(num_workers)]  # Each worker's current.
+        self._versions = [np.zeros(self._length, np.int64) for _ in range(num_workers)]
         self._t = [0] * num_workers  # Steps in the current unroll.
         self._since_start = [0] * num_workers  # Steps since the latest unroll began.
         # The states of the unrolls begun and not emitted yet, oldest first.
@@ -158,7 +161,8 @@ class UnrollRecorder:
         return self._run_ids[worker_id] != run_id
 
     def record(self, worker_id: int, run_id: int, step: Mapping[str, np.ndarray],
-               state: Callable[[], Mapping[str, np.ndarray]] | None = None) -> None:
+               state: Callable[[], Mapping[str, np.ndarray]] | None = None,
+               version: int = 0) -> None:
         """Writes one step of worker `worker_id`'s K envs; emits the unroll it completes.
 
         Args:
@@ -166,6 +170,7 @@ class UnrollRecorder:
           step: {field: [K, ...]} for every per-step field.
           state: returns the policy state {name: [K, ...]} that this step started from;
             called only where an unroll begins, and needed when `state/` fields are recorded.
+          version: the version of the params that picked this step's actions.
         """
         if self.is_new_run(worker_id, run_id):
             if self._run_ids[worker_id] is not None:
@@ -184,6 +189,8 @@ class UnrollRecorder:
         unroll = self._unrolls[worker_id]
         for name in self._steps:
             unroll[name][t] = step[name]
+        versions = self._versions[worker_id]
+        versions[t] = version
         if t + 1 < self._length:
             self._t[worker_id] = t + 1
             return
@@ -194,8 +201,10 @@ class UnrollRecorder:
         for name in self._steps:
             following[name][:self._overlap] = unroll[name][-self._overlap:]
         self._unrolls[worker_id] = following
+        self._versions[worker_id] = np.concatenate(
+            [versions[-self._overlap:], np.zeros(self._length - self._overlap, np.int64)])
         self._t[worker_id] = self._overlap
-        self._on_unroll(unroll)
+        self._on_unroll(unroll, versions)
 
 
 def _bucket(n: int) -> int:
@@ -245,7 +254,8 @@ class InferenceServer:
       specs: recorded fields (see `step_specs`).
       num_workers, envs_per_worker: the env slots served (worker_id in [0, num_workers)).
       unroll_length: T.
-      on_unroll: receives each full unroll {field: [T + 1, K, ...]}; may block (back-pressure).
+      on_unroll: receives each full unroll {field: [T + 1, K, ...]} and the params version
+        of each of its steps [T + 1]; may block (back-pressure).
       max_batch: envs per policy call at most (default: all of them).
       timeout_s: how long a batch waits for more workers after its first request.
       stop: an event; once set, pending and new requests get `None` instead of actions.
@@ -269,7 +279,7 @@ class InferenceServer:
         num_workers: int,
         envs_per_worker: int,
         unroll_length: int,
-        on_unroll: Callable[[dict[str, np.ndarray]], None],
+        on_unroll: Callable[[dict[str, np.ndarray], np.ndarray], None],
         stop: threading.Event,
         max_batch: int | None = None,
         timeout_s: float = 0.002,
@@ -280,7 +290,8 @@ class InferenceServer:
         step_format: StepFormat | None = None,
     ):
         self._format = step_format or _single_agent_format(specs)
-        self._params = params
+        # The params and their version (the learner updates they have seen), swapped together.
+        self._acting = (params, 0)
         self._key = jax.device_get(key)  # On the host, the same for every call (see `_act`).
         self._count = 0  # Batches served: folded into the key.
         self._specs = dict(specs)
@@ -341,8 +352,10 @@ class InferenceServer:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
-    def set_params(self, params) -> None:
-        self._params = params  # An atomic reference swap; the next batch uses it.
+    def set_params(self, params, version: int = 0) -> None:
+        """The params the next batch uses, and their version (learner updates they have
+        seen), recorded with the steps they act on."""
+        self._acting = (params, version)  # One reference swap: atomic, read by one batch.
 
     def shm_address(self) -> str | None:
         """Where workers on this host connect their shared slots; None: use `step`."""
@@ -450,7 +463,7 @@ class InferenceServer:
         """
         for n in self._batch_sizes:
             obs = self._format.policy_obs({name: v[:n] for name, v in self._inputs.items()})
-            args = (self._params, self._key, np.uint32(0), obs, self._inputs["first"][:n])
+            args = (self._acting[0], self._key, np.uint32(0), obs, self._inputs["first"][:n])
             if self._state:
                 slots = np.full(n, self._num_workers * self._k, np.int32)
                 self._state = self._act(*args, slots, self._state)[2]
@@ -483,8 +496,9 @@ class InferenceServer:
         for i, request in enumerate(batch):
             for name, value in request.data.items():
                 inputs[name][i * k:(i + 1) * k] = value
-        actions, extras, state_rows = self._act_on(batch, self._format.policy_obs(inputs),
-                                                   inputs["first"])
+        params, version = self._acting
+        actions, extras, state_rows = self._act_on(
+            params, batch, self._format.policy_obs(inputs), inputs["first"])
         actions = self._format.action_fields(actions)
         extras = self._format.extras_fields(extras)
         # Answer first: the workers step their envs while this thread records (from `inputs`,
@@ -505,11 +519,11 @@ class InferenceServer:
             step.update(request.actions)
             step.update({name: v[rows] for name, v in extras.items()})
             self._recorder.record(request.worker_id, request.run_id, step,
-                                  state=functools.partial(rows_of, rows))
+                                  state=functools.partial(rows_of, rows), version=version)
         self.batches += 1
         self.steps += n
 
-    def _act_on(self, batch: list[_Request], obs: Any, first: np.ndarray):
+    def _act_on(self, params, batch: list[_Request], obs: Any, first: np.ndarray):
         """The policy on one padded batch: (actions, extras) on the host (one transfer for
         both) and, for a stateful policy, the state rows it started from (on the device).
 
@@ -518,7 +532,7 @@ class InferenceServer:
         count = np.uint32(self._count & 0xFFFFFFFF)  # Distinct keys for 2^32 batches.
         self._count += 1
         if not self._state:
-            outputs = self._act(self._params, self._key, count, obs, first)
+            outputs = self._act(params, self._key, count, obs, first)
             return *jax.device_get(outputs), None
         k = self._k
         slots = np.full(len(first), self._num_workers * k, np.int32)
@@ -528,5 +542,5 @@ class InferenceServer:
             if self._recorder.is_new_run(request.worker_id, request.run_id):
                 self._state = self._reset(self._state, self._initial, worker_slots)
         actions, extras, self._state, rows = self._act(
-            self._params, self._key, count, obs, first, slots, self._state)
+            params, self._key, count, obs, first, slots, self._state)
         return *jax.device_get((actions, extras)), rows

@@ -27,7 +27,14 @@ from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
 from trellis.builders.experiments.env_worker import shm_layout, step_format
-from trellis.builders.experiments.feeds import ReplayFeed, UnrollFeed, agent_table, unroll_queue
+from trellis.builders.experiments.feeds import (
+    POLICY_VERSION,
+    ReplayFeed,
+    UnrollFeed,
+    agent_table,
+    batch_sizes,
+    unroll_queue,
+)
 from trellis.builders.experiments.inference import InferenceServer, step_specs
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.factory import EnvFactory
@@ -77,6 +84,31 @@ class FiniteCheck:
                 f"learner step {step} gave non-finite metrics ({values}); stopped without "
                 f"checkpointing it, the last good checkpoint is kept (a lower --learning_rate "
                 f"may help)")
+
+
+class PolicyLag:
+    """Policy lag of the batches learned from since the last `take`: for each step, the
+    learner updates between the params that acted there and the update that learns from it
+    (0: learned from at once, as on-policy)."""
+
+    def __init__(self):
+        self._sum, self._count, self._max = 0, 0, 0
+
+    def add(self, versions: np.ndarray, learner_steps: int) -> None:
+        """Adds a batch's `versions` [T + 1, B], learned from by the update after
+        `learner_steps` updates."""
+        lag = learner_steps - versions
+        self._sum += int(lag.sum())
+        self._count += lag.size
+        self._max = max(self._max, int(lag.max()))
+
+    def take(self) -> dict[str, float]:
+        """{policy_lag_mean, policy_lag_max} since the last call; {} if nothing was added."""
+        if not self._count:
+            return {}
+        lag = {"policy_lag_mean": self._sum / self._count, "policy_lag_max": float(self._max)}
+        self._sum, self._count, self._max = 0, 0, 0
+        return lag
 
 
 class StartupTimes:
@@ -160,8 +192,8 @@ class LearnerNode:
         queue_spec = builder.queue_spec()
         self._stop = runtime.stop_event()
         self._feed: UnrollFeed | ReplayFeed = (
-            UnrollFeed(unroll_queue(queue_spec, config, client), queue_spec.batch_size,
-                       self._stop) if table is None
+            UnrollFeed(unroll_queue(queue_spec, config, client),
+                       batch_sizes(queue_spec, config), self._stop) if table is None
             else ReplayFeed(client, table.name, queue_spec.batch_size, self._stop))
         initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
         self._format = step_format(spec)
@@ -183,6 +215,8 @@ class LearnerNode:
                            if config.transport == "shm" else None),
             step_format=self._format,
         )
+        self._inference.set_params(self._learner.params, self._counter.snapshot().learner_steps)
+        self._lag = PolicyLag()
         self._finite = FiniteCheck()
         self._startup = StartupTimes(self._counter.snapshot())
         self._metrics: dict[str, float] = {}
@@ -280,13 +314,17 @@ class LearnerNode:
             batch = self._feed.next_batch()
             if batch is None or not self._config.learn:
                 continue
-            metrics = self._learner.step(self._format.nest(batch))
-            self._inference.set_params(self._learner.params)
-            self._counter.add_learner_step()
             # Learner steps change only on this thread: this update is the snapshot's next.
+            versions = batch.pop(POLICY_VERSION, None)
+            if versions is not None:
+                self._lag.add(versions, snapshot.learner_steps)
+            metrics = self._learner.step(self._format.nest(batch))
+            self._inference.set_params(self._learner.params, snapshot.learner_steps + 1)
+            self._counter.add_learner_step()
             self._finite.add(metrics, snapshot.learner_steps + 1)
             if self._log_timer.due():
-                self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                self._metrics = {**{k: float(v) for k, v in jax.device_get(metrics).items()},
+                                 **self._lag.take()}
         return None
 
     def _save_checkpoint(self, snapshot: CounterSnapshot) -> None:

@@ -38,7 +38,8 @@ _VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "gymnasium",
 _STATS_KEYS = {
     "env_steps", "learner_steps", "episodes", "mean_return", "min_return", "max_return",
     "returns_in_window", "mean_episode_length", "evaluation", "elapsed_s", "resumes",
-    "env_steps_per_s", "inference_batches", "slot_resets", "queue_size",
+    "env_steps_per_s", "inference_batches", "slot_resets", "queue_size", "policy_lag_mean",
+    "policy_lag_max",
 }
 
 
@@ -106,7 +107,9 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
 
     Fields: time, wall_time_s (training time over all sessions), env_steps, learner_steps,
     episodes, env_steps_per_s, return_mean/min/max and episode_length_mean over the return
-    window, queue_size, restarts (env-worker restarts seen by inference), resumes, the
+    window, queue_size, policy_lag_mean and policy_lag_max (learner updates between the
+    params that acted and the update that learned from it, over the log interval; agents
+    fed unrolls in order), restarts (env-worker restarts seen by inference), resumes, the
     learner's metrics as `learner/<name>`, and `extra` (e.g. learning_rate).
     """
     record: dict[str, Any] = {
@@ -121,6 +124,8 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
         "return_max": stats.get("max_return"),
         "episode_length_mean": stats.get("mean_episode_length"),
         "queue_size": stats.get("queue_size"),
+        "policy_lag_mean": stats.get("policy_lag_mean"),
+        "policy_lag_max": stats.get("policy_lag_max"),
         "restarts": stats.get("slot_resets", 0),
         "resumes": stats.get("resumes", 0),
     }
