@@ -6,9 +6,12 @@ learner) runs to the env-step budget, and its rate is measured by the learner no
 benchmarks/throughput.py (counted from the learner's start, so start-up is left out).
 
 Usage: python benchmarks/scaling.py [--platforms local_mp,ray] [--max_workers N]
-       [--envs_per_actor 32] [--env_steps 200000] [--transport shm] [--repeats 1]
-       [--out docs/scaling.png]
-Workers go 1..N, N = the cores this process may use unless --max_workers is given.
+       [--workers 1,8,32] [--sleep_ms MS] [--envs_per_actor 32] [--env_steps 200000]
+       [--transport shm] [--repeats 1] [--out docs/scaling.png]
+Workers go 1..N, N = the cores this process may use unless --max_workers is given, or
+through the counts --workers lists. --sleep_ms=MS runs the env `sleep:MS` (envs/sleep_env.py:
+each step sleeps MS ms and uses no CPU), whose ideal rate is workers x envs_per_actor / MS
+env steps per ms: central inference's scaling to more workers than cores, with learning on.
 Writes the plot to --out, prints a table, then one JSON object with every figure as the
 last line.
 """
@@ -24,7 +27,7 @@ import statistics
 from common import cpu_count, rounded
 from throughput import pipeline
 
-from trellis.envs import EnvFactory
+from trellis.envs import make_env_factory
 
 # The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
 # its main path on a budget of seconds.
@@ -32,7 +35,7 @@ SMOKE_FLAGS = ["--platforms=local_mt", "--max_workers=1", "--envs_per_actor=4",
                "--env_steps=2000", "--out=scaling.png"]
 
 
-def measure(factory: EnvFactory, platform_name: str, num_actors: int, args) -> dict:
+def measure(factory, platform_name: str, num_actors: int, args) -> dict:
     """Median env and learner steps/s over `args.repeats` runs, and every run's figures."""
     run_args = argparse.Namespace(num_actors=num_actors, envs_per_actor=args.envs_per_actor,
                                   env_steps=args.env_steps)
@@ -81,6 +84,10 @@ def main() -> None:
     p.add_argument("--platforms", default="local_mp,ray")
     p.add_argument("--max_workers", type=int, default=None,
                    help="last worker count (default: the number of cores)")
+    p.add_argument("--workers", default=None,
+                   help="the worker counts to run, comma-separated (default: 1..max_workers)")
+    p.add_argument("--sleep_ms", type=float, default=None,
+                   help="run the sleep env sleep:MS in place of --env")
     p.add_argument("--envs_per_actor", type=int, default=32)
     p.add_argument("--env_steps", type=int, default=200_000)
     p.add_argument("--transport", default="shm", choices=("shm", "socket"),
@@ -90,9 +97,14 @@ def main() -> None:
     args = p.parse_args()
 
     cores = cpu_count()
-    workers = list(range(1, (args.max_workers or cores) + 1))
+    workers = (sorted({int(n) for n in args.workers.split(",")}) if args.workers
+               else list(range(1, (args.max_workers or cores) + 1)))
+    if workers[0] < 1:
+        p.error(f"--workers: counts must be >= 1, got {args.workers}")
     platforms = args.platforms.split(",")
-    factory = EnvFactory(args.env)
+    if args.sleep_ms is not None:
+        args.env = f"sleep:{args.sleep_ms:g}"
+    factory = make_env_factory(args.env)
     results: dict = {name: {} for name in platforms}
     load_start = os.getloadavg()
     # Worker counts in the outer loop: drift in the machine's load hits all platforms alike.
@@ -113,19 +125,28 @@ def main() -> None:
     print(f"load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
     header = f"{'workers':>7}"
     for name in platforms:
-        header += f"{name + ' env steps/s':>24}{'vs 1':>7}{'learner steps/s':>17}"
+        header += f"{name + ' env steps/s':>24}{f'vs {workers[0]}':>7}{'learner steps/s':>17}"
+    ideal = None if args.sleep_ms is None else args.envs_per_actor / args.sleep_ms * 1000
+    if ideal is not None:
+        header += f"{'of ideal':>10}"
     print(header)
     for n in workers:
         row = f"{n:>7}"
         for name in platforms:
-            r, first = results[name][str(n)], results[name]["1"]
+            r, first = results[name][str(n)], results[name][str(workers[0])]
             speedup = r["env_steps_per_s"] / first["env_steps_per_s"]
             row += (f"{r['env_steps_per_s']:>24,.0f}{speedup:>6.2f}x"
                     f"{r['learner_steps_per_s']:>17,.1f}")
+            if ideal is not None:
+                row += f"{r['env_steps_per_s'] / (ideal * n):>10.2f}"
         print(row)
+    if ideal is not None:
+        print(f"ideal: {ideal:,.0f} env steps/s per worker ({args.envs_per_actor} envs / "
+              f"{args.sleep_ms:g} ms)")
     print(f"plot: {args.out}")
     print(json.dumps(rounded({
         "env": args.env,
+        "sleep_ms": args.sleep_ms,
         "envs_per_actor": args.envs_per_actor,
         "env_steps": args.env_steps,
         "transport": args.transport,

@@ -41,7 +41,8 @@ def serve(builder, networks, params, num_workers, steps, overlap=1, rng_seed=0,
     server = InferenceServer(
         builder.make_policy(networks), params, jax.random.PRNGKey(1),
         step_specs(SPEC, builder.extras_spec(SPEC), initial_state),
-        num_workers, K, T, lambda unroll, versions: unrolls.append(unroll), threading.Event(), timeout_s=0.0,
+        num_workers, K, T, lambda unroll, versions: unrolls.append(unroll), threading.Event(),
+        timeout_s=0.0,
         initial_state=initial_state, overlap=overlap)
     server.start()
     rng = np.random.default_rng(rng_seed)

@@ -68,7 +68,8 @@ def _server(unrolls, episodes, stop, shared_memory):
     spec = EnvFactory("CartPole-v1").spec()
     specs = step_specs(spec, {"logits": ArraySpec((2,), "float32")})
     return InferenceServer(
-        jax.jit(policy), W, jax.random.PRNGKey(0), specs, 1, K, 10, lambda unroll, versions: unrolls.append(unroll), stop,
+        jax.jit(policy), W, jax.random.PRNGKey(0), specs, 1, K, 10,
+        lambda unroll, versions: unrolls.append(unroll), stop,
         on_steps=lambda n, done: episodes.extend(done),
         shared_memory=shm_layout(spec, K) if shared_memory else None)
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import jax
 import numpy as np
 
 from trellis.envs.specs import EnvSpec
 from trellis.reverb_tables.spec import ArraySpec, TableSpec
+
+# JAX only for annotations: env workers import this module, and importing JAX costs each of
+# them 1-2 s of start-up (32 workers on 2 cores: most of a minute).
+if TYPE_CHECKING:
+    import jax
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
 __all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "SELF_PLAY", "STATE_PREFIX", "UNROLLS",
@@ -65,14 +69,14 @@ class QueueSpec:
 
 
 # A policy's recurrent state: {name: [N, ...]}, one row per env slot; {} when feed-forward.
-State = Mapping[str, jax.Array]
+State = Mapping[str, "jax.Array"]
 
 # policy(params, key, obs[N, ...], state, first[N]) -> (actions[N, ...], extras, new_state).
 # extras: {name: [N, ...]}. The policy resets the rows of `state` where `first` is set before
 # using them (the learner's unroll does the same), so actor and learner see the same state.
 Policy = Callable[
-    [Any, jax.Array, jax.Array, State, jax.Array],
-    tuple[jax.Array, Mapping[str, jax.Array], State],
+    [Any, "jax.Array", "jax.Array", State, "jax.Array"],
+    tuple["jax.Array", Mapping[str, "jax.Array"], State],
 ]
 
 
@@ -136,7 +140,7 @@ class Capabilities:
 
 # update(state, batch) -> (state, metrics): pure and jittable; the batch's leaves are
 # time-major unrolls [T + 1, B, ...] (or what the agent's replay samples).
-Update = Callable[[Any, Mapping[str, jax.Array]], tuple[Any, dict[str, jax.Array]]]
+Update = Callable[[Any, Mapping[str, "jax.Array"]], tuple[Any, dict[str, "jax.Array"]]]
 
 
 @dataclasses.dataclass(frozen=True)
