@@ -25,6 +25,7 @@ import tempfile
 import time
 
 import jax
+from common import child_process
 
 from trellis.agents.alphazero import AlphaZeroBuilder
 from trellis.builders.experiments.rundir import read_json
@@ -44,18 +45,19 @@ def train(game: str, minutes: float, run_dir: str, flags: list[str]) -> dict:
                f"--env=pgx:{game}", f"--logdir={run_dir}", "--quiet",
                "--total_env_steps=1000000000", *flags]
     launched = time.monotonic()
-    process = subprocess.Popen(command)
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    try:
-        process.wait(timeout=minutes * 60)
-    except subprocess.TimeoutExpired:
-        # Ctrl-C stops a run cleanly once its session runs (its first record is written);
-        # before that (start-up longer than M minutes) it would only interrupt the start.
-        while process.poll() is None and not (
-                os.path.exists(metrics) and os.path.getsize(metrics) > 0):
-            time.sleep(0.5)
-        process.send_signal(signal.SIGINT)
-        process.wait()
+    # Stopped with its group if this benchmark is interrupted or terminated first.
+    with child_process(command) as process:
+        try:
+            process.wait(timeout=minutes * 60)
+        except subprocess.TimeoutExpired:
+            # Ctrl-C stops a run cleanly once its session runs (its first record is written);
+            # before that (start-up longer than M minutes) it would only interrupt the start.
+            while process.poll() is None and not (
+                    os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+                time.sleep(0.5)
+            process.send_signal(signal.SIGINT)
+            process.wait()
     summary_path = os.path.join(run_dir, "summary.json")
     if not os.path.exists(summary_path):
         raise SystemExit(f"alphazero.py: run.py exited with {process.returncode} and no "

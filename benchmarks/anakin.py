@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import cpu_count, rounded
+from common import cpu_count, rounded, run_child
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ def run(runs: str, *flags: str) -> dict:
     logdir = tempfile.mkdtemp(dir=runs)
     cmd = [sys.executable, os.path.join(REPO, "launch", "run.py"), "--agent=ppo", "--quiet",
            f"--logdir={logdir}", *flags]
-    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    run_child(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     with open(os.path.join(logdir, "summary.json")) as f:
         return json.load(f)
 

@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 
-from common import rounded
+from common import rounded, run_child
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,7 +128,7 @@ learn_and_report(model, 100_000)
 
 def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
     start = time.monotonic()
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    out = run_child(cmd, cwd=REPO, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{cmd[:3]} exited with {out.returncode}:\n{out.stderr[-3000:]}")
     return time.monotonic() - start, out

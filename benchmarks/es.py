@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import rounded
+from common import rounded, run_child
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ def run(runs: str, population: int, target: float, budget: int, seed: int,
            f"--logdir={logdir}", f"--population_size={population}", f"--seed={seed}",
            f"--stop_at_return={target}", f"--total_env_steps={budget}",
            "--log_every_s=0.05", *flags]
-    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    run_child(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     with open(os.path.join(logdir, "summary.json")) as f:
         summary = json.load(f)
     curve = {}

@@ -33,6 +33,7 @@ import sys
 import tempfile
 
 import physics
+from common import run_child
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,11 +85,11 @@ def main(argv: list[str]) -> dict:
     race, rest = own_flags(argv)
     flags = [f"--env={race['env']}", *race["flags"], *rest]
     with tempfile.TemporaryDirectory() as logdir:
-        subprocess.run([sys.executable, os.path.join(REPO, "launch", "run.py"), "--agent=ppo",
-                        "--platform=anakin", "--quiet", f"--logdir={logdir}",
-                        f"--stop_at_return={race['target']}",
-                        f"--total_env_steps={race['budget']}", *flags], check=True, cwd=REPO,
-                       stdout=subprocess.DEVNULL)
+        run_child([sys.executable, os.path.join(REPO, "launch", "run.py"), "--agent=ppo",
+                   "--platform=anakin", "--quiet", f"--logdir={logdir}",
+                   f"--stop_at_return={race['target']}",
+                   f"--total_env_steps={race['budget']}", *flags], check=True, cwd=REPO,
+                  stdout=subprocess.DEVNULL)
         with open(os.path.join(logdir, "summary.json")) as f:
             summary = json.load(f)
     simulator = physics.main(["--calls=3", *flags])

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import cpu_count, rounded
+from common import cpu_count, rounded, run_child
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,7 +77,7 @@ def _run(agent: str, seed: int, args: argparse.Namespace, runs: str, platform: s
            f"--platform={platform}", f"--env={env}", "--quiet", f"--seed={seed}",
            f"--total_env_steps={args.total_env_steps}", "--log_every_s=10",
            f"--logdir={logdir}", *flags]
-    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    run_child(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     with open(os.path.join(logdir, "summary.json")) as f:
         summary = json.load(f)
     with open(os.path.join(logdir, "metrics.jsonl")) as f:

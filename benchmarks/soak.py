@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from common import rounded
+from common import child_process, rounded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -163,50 +163,52 @@ def soak(minutes: float, kill_every: tuple[float, float], seed: int, extra: list
            *extra]
     rng = random.Random(seed)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, start_new_session=True)
-    seen: set[int] = set()
-    samples, minutes_log, kills = [], [], []
-    try:
-        while env_steps(logdir) == 0:
-            if proc.poll() is not None:
-                raise RuntimeError(f"run.py exited with code {proc.returncode} before its "
-                                   f"first env steps")
-            time.sleep(0.2)
-        began = time.monotonic()
-        first_steps_s = began - start
-        # Timed from the first env steps: a slow start-up (a busy machine) leaves the kills
-        # their time, and the samples fall each minute of the soak and at its end.
-        end = began + minutes * 60
-        next_kill = began + rng.uniform(*kill_every)
-        next_sample = began + 60
-        last = (start, 0)
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"run.py exited with code {proc.returncode} mid-soak")
-            now = time.monotonic()
-            if now >= next_kill and now < end:
-                kills.append(kill_and_await_restart(proc.pid, rng))
-                next_kill = time.monotonic() + rng.uniform(*kill_every)
-            if now >= min(next_sample, end):  # Each minute, and once at the end.
-                processes = sample(proc.pid)
-                seen.update(int(p["pid"]) for p in processes.values())
-                steps = env_steps(logdir)
-                rate = (steps - last[1]) / (now - last[0])
-                last = (now, steps)
-                minutes_log.append({"minute": round((now - start) / 60, 2),
-                                    "env_steps": steps, "env_steps_per_s": rate,
-                                    "kills": len(kills)})
-                samples.append(processes)
-                print(f"minute {(now - start) / 60:>5.1f}: {steps:>12,d} env steps, "
-                      f"{rate:>8,.0f} steps/s, {len(kills):>3} kills, "
-                      f"{len(processes)} processes", flush=True)
-                if now >= end:
-                    break
-                next_sample += 60
-            time.sleep(0.1)
-    finally:
-        ending = stop(proc, seen) if proc.poll() is None else {
-            "exit_code": proc.returncode, "stop_s": 0.0, "left_behind": []}
+    # Its own stop (SIGTERM to run.py) is what the soak measures; the group is stopped too
+    # if the soak itself is interrupted or terminated.
+    with child_process(cmd, cwd=REPO, stdout=subprocess.DEVNULL) as proc:
+        seen: set[int] = set()
+        samples, minutes_log, kills = [], [], []
+        try:
+            while env_steps(logdir) == 0:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"run.py exited with code {proc.returncode} before its "
+                                       f"first env steps")
+                time.sleep(0.2)
+            began = time.monotonic()
+            first_steps_s = began - start
+            # Timed from the first env steps: a slow start-up (a busy machine) leaves the kills
+            # their time, and the samples fall each minute of the soak and at its end.
+            end = began + minutes * 60
+            next_kill = began + rng.uniform(*kill_every)
+            next_sample = began + 60
+            last = (start, 0)
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"run.py exited with code {proc.returncode} mid-soak")
+                now = time.monotonic()
+                if now >= next_kill and now < end:
+                    kills.append(kill_and_await_restart(proc.pid, rng))
+                    next_kill = time.monotonic() + rng.uniform(*kill_every)
+                if now >= min(next_sample, end):  # Each minute, and once at the end.
+                    processes = sample(proc.pid)
+                    seen.update(int(p["pid"]) for p in processes.values())
+                    steps = env_steps(logdir)
+                    rate = (steps - last[1]) / (now - last[0])
+                    last = (now, steps)
+                    minutes_log.append({"minute": round((now - start) / 60, 2),
+                                        "env_steps": steps, "env_steps_per_s": rate,
+                                        "kills": len(kills)})
+                    samples.append(processes)
+                    print(f"minute {(now - start) / 60:>5.1f}: {steps:>12,d} env steps, "
+                          f"{rate:>8,.0f} steps/s, {len(kills):>3} kills, "
+                          f"{len(processes)} processes", flush=True)
+                    if now >= end:
+                        break
+                    next_sample += 60
+                time.sleep(0.1)
+        finally:
+            ending = stop(proc, seen) if proc.poll() is None else {
+                "exit_code": proc.returncode, "stop_s": 0.0, "left_behind": []}
     summary_path = os.path.join(logdir, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     return {"minutes": minutes, "kill_every_s": list(kill_every), "seed": seed,

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import run_child
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
@@ -40,7 +42,7 @@ def solve(flags: list[str], platform: str, seed: int, target: float, extra: list
         cmd = [sys.executable, os.path.join(REPO, "launch", "run.py"), *flags,
                f"--platform={platform}", f"--seed={seed}", f"--stop_at_return={target}",
                f"--logdir={logdir}", "--quiet", *extra]
-        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        run_child(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
         with open(os.path.join(logdir, "summary.json")) as f:
             summary = json.load(f)
         with open(os.path.join(logdir, "metrics.jsonl")) as f:
