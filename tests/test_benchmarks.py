@@ -7,7 +7,8 @@ them. A smoke run must exit 0 and end, as every benchmark does, with one JSON ob
 it measured, with at least one positive rate (a key ending in `_per_s`) in it.
 
 Not covered by default: compare.py's SB3 side, which pip-installs Stable-Baselines3 and
-PyTorch from the package index (its smoke run passes --no_sb3); `make test-slow` runs it.
+PyTorch from the package index (its smoke run passes --no_sb3), and the scripts of SLOW,
+whose smoke runs take minutes on 2 cores; `make test-slow` runs them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def _is_script(path: str) -> bool:
 
 
 SCRIPTS = sorted(p for p in glob.glob(os.path.join(BENCHMARKS, "*.py")) if _is_script(p))
+# Scripts whose smoke run costs minutes on 2 cores: atari.py's Pong run.py (the resnet torso's
+# compilation alone took ~50 s of a 75 s run on a loaded machine).
+SLOW = {"atari.py"}
 
 
 def smoke_flags(path: str) -> list[str] | None:
@@ -78,7 +82,9 @@ def test_the_scripts_are_found():
     assert "common.py" not in names  # A helper, run by none.
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.slow) if os.path.basename(p) in SLOW else p
+    for p in SCRIPTS], ids=os.path.basename)
 def test_smoke_run(path, tmp_path):
     flags = smoke_flags(path)
     assert flags is not None, (
