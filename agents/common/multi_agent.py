@@ -14,11 +14,13 @@ on the next step): masked out of the loss, no trace across it. The agent's last 
 into its terminal observation, is learned from.
 
 The networks of such an agent (`PerPolicyNetworks`) say which policies there are, which agents
-each serves, and what a policy's input is made of (`inputs`).
+each serves, and what a policy's input is made of (`inputs`); its config derives from
+`PolicyMappingConfig`, the mapping's settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -27,8 +29,43 @@ import jax
 import jax.numpy as jnp
 
 from trellis.builders.contract.agent import Policy, Training
-from trellis.builders.contract.policy_mapping import PolicyGroup, stack, unstack
+from trellis.builders.contract.config import Config, setting
+from trellis.builders.contract.policy_mapping import (
+    PolicyGroup,
+    PolicyMapping,
+    PolicyMappingError,
+    stack,
+    unstack,
+)
 from trellis.envs.multi_agent import MultiAgentStep
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyMappingConfig(Config):
+    """The policy mapping's settings, for the config of an agent with one learner per policy.
+
+    Listed first among its bases, before the single-agent config
+    (`class IPPOConfig(PolicyMappingConfig, PPOConfig)`): its fields then follow the single
+    agent's, and its `check` runs the single agent's checks before the mapping's.
+    """
+
+    policy_mapping: str = setting(
+        "shared", "which agent uses which policy: shared, per_agent, or PATTERN=POLICY,... "
+        "(glob patterns on agent ids, e.g. 'adversary_*=adv,agent_*=good')")
+    policies: str = setting(
+        "", "the policy ids policy_mapping may name, comma-separated (empty: any)")
+
+    def check(self) -> None:
+        super().check()
+        try:  # A mapping of none of the forms is refused here, before anything runs.
+            PolicyMapping.parse(self.policy_mapping, self.policies)
+        except PolicyMappingError as e:
+            raise self.invalid("policy_mapping", f"a mapping onto the declared policies ({e})"
+                               ) from None
+
+    @property
+    def mapping(self) -> PolicyMapping:
+        return PolicyMapping.parse(self.policy_mapping, self.policies)
 
 
 class PerPolicyNetworks(Protocol):

@@ -21,47 +21,29 @@ import jax
 import jax.numpy as jnp
 
 from trellis.agents.common import AgentBuilder
-from trellis.agents.common.multi_agent import per_policy_policy, per_policy_training
+from trellis.agents.common.multi_agent import (
+    PolicyMappingConfig,
+    per_policy_policy,
+    per_policy_training,
+)
 from trellis.agents.impala.builder import ImpalaBuilder
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.learner import make_training as impala_training
 from trellis.agents.impala.networks import ImpalaNetworks
 from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Policy, Training
-from trellis.builders.contract.config import setting
-from trellis.builders.contract.policy_mapping import (
-    PolicyGroup,
-    PolicyMapping,
-    PolicyMappingError,
-    add_agent_ids,
-    stack,
-)
+from trellis.builders.contract.policy_mapping import PolicyGroup, add_agent_ids, stack
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
 
 
 @dataclasses.dataclass(frozen=True)
-class IImpalaConfig(ImpalaConfig):
+class IImpalaConfig(PolicyMappingConfig, ImpalaConfig):
     """Independent IMPALA's settings: IMPALA's, and the policy mapping."""
-
-    policy_mapping: str = setting(
-        "shared", "which agent uses which policy: shared, per_agent, or PATTERN=POLICY,... "
-        "(glob patterns on agent ids, e.g. 'adversary_*=adv,agent_*=good')")
-    policies: str = setting(
-        "", "the policy ids policy_mapping may name, comma-separated (empty: any)")
 
     def check(self) -> None:
         super().check()
         if self.core != "none":
             raise self.invalid("core", "none (independent IMPALA keeps no recurrent state per "
                                "agent)")
-        try:  # A mapping of none of the forms is refused here, before anything runs.
-            PolicyMapping.parse(self.policy_mapping, self.policies)
-        except PolicyMappingError as e:
-            raise self.invalid("policy_mapping", f"a mapping onto the declared policies ({e})"
-                               ) from None
-
-    @property
-    def mapping(self) -> PolicyMapping:
-        return PolicyMapping.parse(self.policy_mapping, self.policies)
 
 
 @dataclasses.dataclass(frozen=True)

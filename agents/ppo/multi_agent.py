@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from trellis.agents.common import AgentBuilder, MLPTorso
 from trellis.agents.common.multi_agent import (  # noqa: F401 (group_batch: re-exported)
     MultiPolicyState,
+    PolicyMappingConfig,
     group_batch,
     per_policy_training,
 )
@@ -53,8 +54,6 @@ from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Tr
 from trellis.builders.contract.config import setting
 from trellis.builders.contract.policy_mapping import (
     PolicyGroup,
-    PolicyMapping,
-    PolicyMappingError,
     add_agent_ids,
     stack,
     unstack,
@@ -63,7 +62,7 @@ from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
 
 
 @dataclasses.dataclass(frozen=True)
-class IPPOConfig(PPOConfig):
+class IPPOConfig(PolicyMappingConfig, PPOConfig):
     """IPPO's settings: PPO's, with the defaults of JaxMARL's published IPPO on MPE
     (baselines/IPPO/config/ippo_ff_mpe.yaml: 16 envs x 128 steps, 4 epochs of 4 minibatches,
     lr 2.5e-4, entropy 0.01, two tanh layers of 64; its linear learning-rate decay is not
@@ -73,29 +72,15 @@ class IPPOConfig(PPOConfig):
     batch_size: int = 16  # Envs: each update takes T steps of every agent of B envs.
     learning_rate: float = 2.5e-4
     entropy_cost: float = 0.01
-    policy_mapping: str = setting(
-        "shared", "which agent uses which policy: shared, per_agent, or PATTERN=POLICY,... "
-        "(glob patterns on agent ids, e.g. 'adversary_*=adv,agent_*=good')")
-    policies: str = setting(
-        "", "the policy ids policy_mapping may name, comma-separated (empty: any)")
     centralised_critic: bool = setting(
         False, "the critic sees the env's global state (MAPPO) instead of the agent's "
         "observation (IPPO)")
 
     def check(self) -> None:
         super().check()
-        try:  # A mapping of none of the forms is refused here, before anything runs.
-            PolicyMapping.parse(self.policy_mapping, self.policies)
-        except PolicyMappingError as e:
-            raise self.invalid("policy_mapping", f"a mapping onto the declared policies ({e})"
-                               ) from None
         if self.centralised_critic and self.normalize_observations:
             raise self.invalid("normalize_observations",
                                "false with the centralised critic (mappo's network has none)")
-
-    @property
-    def mapping(self) -> PolicyMapping:
-        return PolicyMapping.parse(self.policy_mapping, self.policies)
 
 
 @dataclasses.dataclass(frozen=True)
