@@ -2,8 +2,10 @@
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
+import pytest
 
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.contract.agent import QueueSpec
@@ -15,6 +17,7 @@ from trellis.builders.experiments.checkpointing import (
 )
 from trellis.builders.experiments.feeds import (
     POLICY_VERSION,
+    Prefetch,
     UnrollFeed,
     batch_sizes,
     max_unrolls,
@@ -122,6 +125,55 @@ def test_auto_batch_takes_what_waits_up_to_the_largest_size_it_fills():
     assert feed.next_batch()["x"][0].tolist() == list(range(2, 10))  # 8 of 12.
     assert feed.next_batch()["x"][0].tolist() == [10, 11, 12, 13]  # The 4 left.
     assert feed.next_batch() is None
+
+
+def test_prefetch_prepares_the_next_batch_once_the_learner_took_the_one_before():
+    stop = threading.Event()
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=8), sizes=(2,), stop=stop)
+    for first in (0, 2, 4):
+        feed.put(chunk(first, 2), np.arange(4) + first)
+    prepared = []
+
+    def prepare(batch):
+        prepared.append(batch["x"][0].tolist())
+        return {"x": batch["x"] * 10}
+
+    prefetch = Prefetch(feed, prepare, stop)
+    try:
+        wait_for(lambda: prepared == [[0, 1]])
+        time.sleep(0.2)
+        assert prepared == [[0, 1]], "one batch ahead, no more"
+        batch, versions = prefetch.next_batch()
+        assert batch["x"][0].tolist() == [0, 10]
+        assert versions.T.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]  # Split off, not prepared.
+        wait_for(lambda: prepared == [[0, 1], [2, 3]])  # Made ready while the update runs.
+        assert prefetch.next_batch()[0]["x"][0].tolist() == [20, 30]
+        assert prefetch.next_batch()[0]["x"][0].tolist() == [40, 50]
+        assert prefetch.next_batch() is None  # The feed ran dry.
+    finally:
+        stop.set()
+        prefetch.join(timeout_s=5)
+    assert not prefetch._thread.is_alive()
+
+
+def test_prefetch_raises_what_preparing_raised_on_the_learners_thread():
+    stop = threading.Event()
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=2), sizes=(2,), stop=stop)
+    feed.put(chunk(0, 2), np.zeros(4, np.int64))
+    prefetch = Prefetch(feed, lambda batch: 1 / 0, stop)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            wait_for(lambda: prefetch.next_batch() is not None)
+    finally:
+        stop.set()
+        prefetch.join(timeout_s=5)
+
+
+def wait_for(condition, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
 
 
 def test_policy_lag_is_updates_between_acting_and_learning_over_the_interval():

@@ -72,9 +72,15 @@ class DataParallelLearner:
         # checkpoint first does not pay for it twice. Assignments replace it.
         return jax.jit(self._init, out_shardings=self._replicated)(self._key)
 
-    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
-        """One update on a host batch; returns the metrics as device scalars."""
-        batch = jax.device_put(dict(batch), self._batch_sharding)
+    def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """`batch` on the learner's devices, sharded as `step` takes it (the learner node
+        places the next batch while the current update runs)."""
+        return jax.device_put(dict(batch), self._batch_sharding)
+
+    def step(self, batch: Mapping[str, Any]) -> dict:
+        """One update on a batch, on the host or `place`d; returns the metrics as device
+        scalars."""
+        batch = self.place(batch)  # A no-op for a placed batch.
         self._state, metrics = self._update(self._state, batch)
         return metrics
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import collections
 import math
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +35,67 @@ UnrollQueue = LocalUnrollQueue | TableUnrollQueue
 # An `UnrollFeed` batch's field [T + 1, B]: the version of the params that acted at each step
 # (the learner updates they had seen; `InferenceServer.set_params`). Not a learner input.
 POLICY_VERSION = "policy_version"
+
+
+class Prefetch:
+    """The next batch made ready in a thread while the learner runs its update: taken from
+    the feed, its policy versions split off, nested (`StepFormat.nest`) and placed where
+    the learner reads it (e.g. a device_put to the learner's devices).
+
+    One batch ahead and no more: the thread takes the next batch from the feed once the
+    learner took the one before, as the learner itself would, so prefetching adds no
+    policy lag; only the work of making it ready moves off the learner's thread.
+
+    Args:
+      feed: where batches come from (`UnrollFeed`, `ReplayFeed`).
+      prepare: host batch -> what the learner takes (nest, then place).
+      stop: the program's stop event; the thread ends once it is set.
+    """
+
+    def __init__(self, feed: UnrollFeed | ReplayFeed,
+                 prepare: Callable[[dict[str, np.ndarray]], Any], stop: StopEvent):
+        self._feed, self._prepare, self._stop = feed, prepare, stop
+        self._ready: queue.Queue = queue.Queue(maxsize=1)
+        self._taken = threading.Event()  # The learner took the batch made ready last.
+        self._error: BaseException | None = None
+        # Not a daemon, as the inference server's thread (builders/experiments/inference.py
+        # says why: a daemon inside a JAX call at exit aborts the process); it ends at the stop.
+        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=False)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                batch = self._feed.next_batch()
+                if batch is None:
+                    continue
+                versions = batch.pop(POLICY_VERSION, None)
+                self._ready.put((self._prepare(batch), versions))  # Empty: taken before.
+                while not self._stop.is_set() and not self._taken.wait(0.05):
+                    pass
+                self._taken.clear()
+        except BaseException as e:  # Raised on the learner's thread by `next_batch`.
+            self._error = e
+
+    def next_batch(self) -> tuple[Any, np.ndarray | None] | None:
+        """The next prepared batch and its policy versions [T + 1, B] (None from a feed
+        that has none), or None if none was ready within a short wait.
+
+        Raises:
+          what taking or preparing a batch raised, in the thread.
+        """
+        try:
+            ready = self._ready.get(timeout=0.05)
+            self._taken.set()
+            return ready
+        except queue.Empty:
+            if self._error is not None:
+                raise self._error from None
+            return None
+
+    def join(self, timeout_s: float) -> None:
+        """Waits for the thread to end (call after the stop)."""
+        self._thread.join(timeout_s)
 
 
 def batch_sizes(queue_spec: QueueSpec, config: ExperimentConfig) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
 from trellis.builders.experiments.env_worker import shm_layout, step_format
 from trellis.builders.experiments.feeds import (
-    POLICY_VERSION,
+    Prefetch,
     ReplayFeed,
     UnrollFeed,
     agent_table,
@@ -216,6 +216,9 @@ class LearnerNode:
             step_format=self._format,
         )
         self._inference.set_params(self._learner.params, self._counter.snapshot().learner_steps)
+        place = getattr(self._learner, "place", None) or (lambda batch: batch)
+        self._prefetch = Prefetch(self._feed, lambda batch: place(self._format.nest(batch)),
+                                  self._stop)
         self._lag = PolicyLag()
         self._finite = FiniteCheck()
         self._startup = StartupTimes(self._counter.snapshot())
@@ -296,6 +299,7 @@ class LearnerNode:
                 runtime.request_stop(reason, info=self._stats(final))
         finally:
             self._inference.join(timeout=5.0)
+            self._prefetch.join(timeout_s=5.0)
             self._feed.close()
             if self._checkpointer is not None:
                 self._checkpointer.close()
@@ -311,14 +315,14 @@ class LearnerNode:
             if self._checkpoint_due.is_set():
                 self._checkpoint_due.clear()
                 self._save_checkpoint(self._counter.snapshot())
-            batch = self._feed.next_batch()
-            if batch is None or not self._config.learn:
+            ready = self._prefetch.next_batch()
+            if ready is None or not self._config.learn:
                 continue
+            batch, versions = ready
             # Learner steps change only on this thread: this update is the snapshot's next.
-            versions = batch.pop(POLICY_VERSION, None)
             if versions is not None:
                 self._lag.add(versions, snapshot.learner_steps)
-            metrics = self._learner.step(self._format.nest(batch))
+            metrics = self._learner.step(batch)
             self._inference.set_params(self._learner.params, snapshot.learner_steps + 1)
             self._counter.add_learner_step()
             self._finite.add(metrics, snapshot.learner_steps + 1)
