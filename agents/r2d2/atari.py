@@ -3,9 +3,11 @@
 repository's gcp/train_atari.sh, atari/r2d2_main.py, agents/r2d2/learner.py and atari/env.py),
 which follow the R2D2 paper (Kapturowski et al., 2019).
 
-Where Trellis differs (docs/atari.md): the replay holds 10,000 sequences, not SEED's 100,000
+Where Trellis differs (docs/atari.md): the replay holds 5,000 sequences, not SEED's 100,000
 (SEED stacks frames inside the network and stores single frames; Trellis stores the env's
-stacked frames, 4x the memory: 100,000 sequences of 121 steps would be ~340 GB), the
+stacked frames, 4x the memory: the table is allocated at its full size, 3.4 MB a sequence of
+121 steps, so 5,000 take 16 GB and 100,000 would take 340 GB), learning starts when it is
+full (SEED's 5,000 sequences too), the
 network does not take the previous action and reward as inputs, and its conv torso is the
 2013 DQN paper's smaller one, not the Nature DQN's that SEED uses.
 """
@@ -26,8 +28,9 @@ ATARI = {
     "target_update_period": 400,
     "lstm_size": 512,
     # Prioritized replay; replay_ratio 0.75: each step is learned from 0.75 times on average,
-    # and each step is in one sequence's trace.
-    "replay_size": 10_000,
+    # and each step is in one sequence's trace. --replay_size raises the capacity where the
+    # memory allows (10,000: 32 GB).
+    "replay_size": 5_000,
     "min_replay_size": 5_000,
     "samples_per_insert": 0.75,
     "priority_exponent": 0.9,
