@@ -22,6 +22,7 @@ from trellis.agents.es import ESBuilder, ESConfig, losses
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.es_node import ESLearnerNode, ESWorker, state_checksum
 from trellis.builders.experiments.es_run import make_generation
+from trellis.builders.experiments.platforms import PopulationSettings
 from trellis.builders.experiments.session import (
     UnsupportedError,
     check_supported,
@@ -290,7 +291,8 @@ def test_es_learns_on_anakin(tmp_path):
     builder = ESBuilder(ESConfig(population_size=64))
     config = ExperimentConfig(total_env_steps=60_000, seed=1, log_every_s=0.01)
     summary = run_experiment(builder, make_env_factory("gymnax:CartPole-v1"), config,
-                             str(tmp_path), platform="anakin", quiet=True)
+                             str(tmp_path), platform=PopulationSettings(updates_per_call=1),
+                             quiet=True)
     assert summary["stopped_by"] == "budget" and summary["exit_code"] == 0
     with open(tmp_path / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]

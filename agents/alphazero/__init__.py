@@ -1,6 +1,6 @@
 """AlphaZero (Silver et al., 2018) with mctx's search on pgx's two-player games."""
 
-from trellis.agents.alphazero.config import AlphaZeroConfig
+from trellis.agents.alphazero.config import PLATFORM_DEFAULTS, AlphaZeroConfig
 from trellis.agents.alphazero.extra import SEARCH_PACKAGES, missing_search_extra
 
 # The names agents/registry.py looks up. Without the search extra, Builder is a stand-in that
@@ -15,4 +15,4 @@ except ModuleNotFoundError as e:
 else:
     Builder = AlphaZeroBuilder
 
-__all__ = ["AlphaZeroBuilder", "AlphaZeroConfig", "Builder", "Config"]
+__all__ = ["PLATFORM_DEFAULTS", "AlphaZeroBuilder", "AlphaZeroConfig", "Builder", "Config"]

@@ -12,6 +12,11 @@ OPPONENTS = ("random", "mcts", "minimax")
 # MuZero's sequential halving at the root (mctx.gumbel_muzero_policy), which improves the
 # policy with few simulations.
 SEARCHES = ("muzero", "gumbel")
+# The defaults that differ on a platform (run.py applies them). A compiled call is one
+# self-play iteration, whose size unroll_length, batch_size and updates_per_iteration set; the
+# host evaluates, checks the stop rule and logs after each, so
+# builders/experiments/self_play_run.py refuses other values.
+PLATFORM_DEFAULTS = {"anakin": {"updates_per_call": 1}}
 
 
 @dataclasses.dataclass(frozen=True)

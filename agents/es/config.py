@@ -14,6 +14,11 @@ EVOSAX_STRATEGIES = {"cma_es": "CMA_ES", "sep_cma_es": "Sep_CMA_ES", "snes": "SN
                      "xnes": "xNES", "pgpe": "PGPE", "evosax_open_es": "Open_ES"}
 STRATEGIES = (OPEN_ES, *EVOSAX_STRATEGIES)
 
+# The defaults that differ on a platform (run.py applies them). On anakin a compiled call is one
+# generation, whose size population_size and episodes_per_member set; the host checks the stop
+# rule and logs after each, so builders/experiments/es_run.py refuses other values.
+PLATFORM_DEFAULTS = {"anakin": {"updates_per_call": 1}}
+
 
 @dataclasses.dataclass(frozen=True)
 class ESConfig(Config):

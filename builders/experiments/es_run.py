@@ -111,8 +111,9 @@ def generation_stats(snapshot: CounterSnapshot, metrics: Mapping[str, Any]) -> d
 class ESAnakinRun:
     """The session's `Execution` of evolution strategies on the anakin platform.
 
-    Each `advance` is one generation (one compiled call). A population of populations is not
-    what ES means by a population: `--num_seeds`, `--member_hparams` and `--pbt` are refused.
+    Each `advance` is one generation (one compiled call: `--updates_per_call` other than 1 is
+    refused). A population of populations is not what ES means by a population: `--num_seeds`,
+    `--member_hparams` and `--pbt` are refused.
 
     Args:
       builder, env_factory, config, run_dir: as for `session.run_experiment`.
@@ -135,6 +136,10 @@ class ESAnakinRun:
         if settings.num_seeds != 1 or settings.hparams or settings.pbt is not None:
             raise AnakinError("ES's population is --population_size (its members share one "
                               "search): --num_seeds must be 1, without --member_hparams or --pbt")
+        if settings.updates_per_call != 1:  # agents/es/config.py's PLATFORM_DEFAULTS says why.
+            raise AnakinError(f"ES's compiled call is one generation (--population_size sets "
+                              f"its size): --updates_per_call must be 1, got "
+                              f"{settings.updates_per_call}")
         self._rule = stop_rule
         generation, search = make_generation(builder, env_factory)
         self._checkpointer: Checkpointer | None = None

@@ -40,6 +40,10 @@ def _check(builder: Any, settings: Platform) -> None:
                           "--platform=anakin")
     if settings.num_seeds != 1 or settings.pbt is not None:
         raise AnakinError(f"{type(builder).__name__} trains one member: --num_seeds=1, no --pbt")
+    if settings.updates_per_call != 1:  # agents/alphazero/config.py's PLATFORM_DEFAULTS: why.
+        raise AnakinError(f"{type(builder).__name__}'s compiled call is one self-play iteration "
+                          "(--updates_per_iteration sets its SGD steps): --updates_per_call "
+                          f"must be 1, got {settings.updates_per_call}")
 
 
 class SelfPlayProgram:
@@ -212,8 +216,8 @@ def execution(builder: Any, env_factory: Any, config: Any, run_dir: str, setting
     """Self-play on anakin (the session's table's signature; nothing to be quiet about).
 
     Raises:
-      AnakinError: another platform, or a population (`session.check_supported` has checked
-        the env is a two-player game).
+      AnakinError: another platform, a population, or `--updates_per_call` other than 1
+        (`session.check_supported` has checked the env is a two-player game).
     """
     del quiet
     _check(builder, settings)
