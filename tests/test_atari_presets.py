@@ -155,6 +155,7 @@ def test_ppo_clips_rewards_before_its_returns_hand_computed():
         np.testing.assert_allclose(out["return"], returns, rtol=1e-6)
 
 
+@pytest.mark.slow  # Two compilations of IMPALA's update: 7-13 s on a busy 2-core machine.
 def test_impala_learns_from_clipped_rewards():
     """The same update from rewards (3, -2) clipped to [-1, 1] as from (1, -1) unclipped;
     not as from (3, -2) unclipped."""
