@@ -2,7 +2,7 @@
 and exits 2, with no traceback.
 
 AlphaZero's package imports mctx, so its case runs run.py in a fresh interpreter where a
-sitecustomize hides the packages (`sys.modules[name] = None`: `import name` raises
+sitecustomize hides the search extra's packages (`sys.modules[name] = None`: `import name` raises
 ModuleNotFoundError, as for a package that is not installed). The others import their package
 lazily and are hidden the same way in this process.
 """
@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from trellis.agents.alphazero.config import AlphaZeroConfig
+from trellis.agents.alphazero.extra import missing_search_extra
 from trellis.launch import run as run_py
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,22 +39,26 @@ def _hide(monkeypatch: pytest.MonkeyPatch, *packages: str) -> None:
         monkeypatch.setitem(sys.modules, package, None)
 
 
-@pytest.mark.parametrize("hidden,flags", [
-    # Neither installed (the extra missing): the game's id is checked first.
-    (("mctx", "pgx"), ["--env=pgx:tic_tac_toe", "--platform=anakin"]),
-    # pgx without mctx: the agent itself needs the extra.
-    (("mctx",), ["--env=pgx:tic_tac_toe", "--platform=anakin"]),
-], ids=["search_extra", "mctx"])
-def test_alphazero_without_the_search_extra(hidden, flags, tmp_path):
+def test_alphazero_without_the_search_extra(tmp_path):
+    """The agent's package imports without mctx (its settings parse), and the game's id says
+    what pgx needs."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        f"import sys\nsys.modules.update(dict.fromkeys({list(hidden)!r}))\n")
+        "import sys\nsys.modules.update(dict.fromkeys(['mctx', 'pgx']))\n")
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([*RUN, "--agent=alphazero", *flags, f"--logdir={tmp_path / 'run'}"],
+    out = subprocess.run([*RUN, "--agent=alphazero", "--platform=anakin",
+                          "--env=pgx:tic_tac_toe", f"--logdir={tmp_path / 'run'}"],
                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     _assert_one_line(out.returncode, out.stderr, "pip install -e '.[search]'")
+
+
+def test_alphazero_builder_without_mctx_names_the_extra():
+    """What agents/alphazero/__init__.py exports as its Builder when mctx is missing."""
+    with pytest.raises(ValueError, match=r"^--agent=alphazero needs the search extra \(mctx "
+                                         r"is not installed\): pip install -e '\.\[search\]'$"):
+        missing_search_extra("mctx")(AlphaZeroConfig())
 
 
 def test_es_strategy_of_evosax_without_the_es_extra(monkeypatch, capsys, tmp_path):
