@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 
 from trellis.envs import cartpole_novel, popgym_envs
+from trellis.envs.atari import AleVectorFactory, atari_factory
 from trellis.envs.brax_envs import BraxFactory, is_brax_id
 from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
 from trellis.envs.errors import UnknownEnvError
@@ -25,9 +26,9 @@ from trellis.envs.playground_envs import PlaygroundFactory, is_playground_id
 from trellis.envs.sleep_env import SleepFactory, is_sleep_id
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
-# Ids whose packages register on import (ALE needs `import ale_py`; MuJoCo ships with gymnasium),
-# as prefix: (module, the pyproject extra that installs it).
-_PLUGIN_MODULES = {"ALE/": ("ale_py", "atari"), popgym_envs.PREFIX: ("popgym", "popgym")}
+# Ids whose packages register on import (MuJoCo ships with gymnasium; ALE ids have their own
+# factories, envs/atari.py), as prefix: (module, the pyproject extra that installs it).
+_PLUGIN_MODULES = {popgym_envs.PREFIX: ("popgym", "popgym")}
 # Ids whose envs need wrapping to fit EnvSpec, as prefix: wrapper.
 _ADAPTERS = {popgym_envs.PREFIX: popgym_envs.adapt}
 
@@ -50,7 +51,8 @@ def _adapters(env_id: str) -> list:
 
 def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory
                                       | PgxFactory | PettingZooFactory | JaxMARLFactory
-                                      | PlaygroundFactory | SleepFactory):
+                                      | PlaygroundFactory | SleepFactory | MinatarFactory
+                                      | AleVectorFactory):
     """The factory for an id: "gymnax:ID", "brax:NAME" and "playground:NAME" give gymnax's,
     Brax's and MuJoCo Playground's envs (JAX, for --platform=anakin), "pgx:GAME" pgx's
     two-player games (JAX, for self-play on anakin),
@@ -58,7 +60,8 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
     games for env workers, "pettingzoo:FAMILY/NAME" PettingZoo's
     parallel multi-agent envs for env workers, "jaxmarl:ID" JaxMARL's multi-agent envs (JAX, for
     anakin; "warehouses" too), "sleep:MS" envs that only sleep MS ms per step (scaling
-    measurements), anything else a Gymnasium id."""
+    measurements), "ALE/NAME-v5" Atari games on envpool where it is installed, else ALE's own
+    vector env (envs/atari.py), anything else a Gymnasium id."""
     if is_gymnax_id(env_id):
         return GymnaxFactory(env_id)
     if is_pgx_id(env_id):
@@ -77,6 +80,8 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
         return JaxMARLFactory(env_id)
     if is_sleep_id(env_id):
         return SleepFactory(env_id)
+    if (atari := atari_factory(env_id)) is not None:
+        return atari
     return EnvFactory(env_id)
 
 

@@ -280,6 +280,7 @@ def test_ale_ids_run_on_envpool_when_installed_else_on_ale(monkeypatch):
     assert atari_factory("ALE/Pong-v5") == EnvpoolFactory(
         "envpool:Pong-v5", (("repeat_action_probability", 0.25),))
     assert atari_factory("ALE/NoSuchGame-v5") == AleVectorFactory("ALE/NoSuchGame-v5")
+    assert make_env_factory("ALE/Pong-v5") == atari_factory("ALE/Pong-v5")  # run.py's way.
     monkeypatch.setattr(atari_envs, "envpool_available", lambda: False)
     assert atari_factory("ALE/Pong-v5") == AleVectorFactory("ALE/Pong-v5")
 
