@@ -80,7 +80,7 @@ class DataParallelLearner:
     def step(self, batch: Mapping[str, Any]) -> dict:
         """One update on a batch, on the host or `place`d; returns the metrics as device
         scalars."""
-        batch = self.place(batch)  # A no-op for a placed batch.
+        batch = jax.device_put(dict(batch), self._batch_sharding)  # A no-op once placed.
         self._state, metrics = self._update(self._state, batch)
         return metrics
 
@@ -148,6 +148,10 @@ class ReplayLearner(DataParallelLearner):
             selector, config.replay_size, obs_spec, action_spec, config.n_step, config.discount,
             seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))
         self._max_priority = 1.0
+
+    def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The batch as it is: its unrolls go into the host table first."""
+        return dict(batch)
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """Inserts the unrolls' transitions, then learns once the table is large enough.

@@ -132,6 +132,10 @@ class Learner(DataParallelLearner):
         )
         self._replay, self._table = replay, table
 
+    def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The batch as it is: its keys stay on the host (uint64 does not go to the device)."""
+        return dict(batch)
+
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """Learns from sampled sequences and writes their new priorities back.
 
