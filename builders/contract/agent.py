@@ -173,6 +173,11 @@ class Learner(Protocol):
 
     def step(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, Any]: ...
 
+    def place(self, batch: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The batch where `step` reads it (the learner node prepares the next batch while
+        the current update runs); the batch itself for a learner that takes host batches."""
+        ...
+
     @property
     def params(self) -> Any: ...
 

@@ -216,9 +216,8 @@ class LearnerNode:
             step_format=self._format,
         )
         self._inference.set_params(self._learner.params, self._counter.snapshot().learner_steps)
-        place = getattr(self._learner, "place", None) or (lambda batch: batch)
-        self._prefetch = Prefetch(self._feed, lambda batch: place(self._format.nest(batch)),
-                                  self._stop)
+        self._prefetch = Prefetch(
+            self._feed, lambda batch: self._learner.place(self._format.nest(batch)), self._stop)
         self._lag = PolicyLag()
         self._finite = FiniteCheck()
         self._startup = StartupTimes(self._counter.snapshot())
