@@ -29,7 +29,7 @@ import gymnasium as gym
 from trellis.envs.envpool_envs import PREFIX as ENVPOOL_PREFIX
 from trellis.envs.envpool_envs import EnvpoolFactory, _envpool
 from trellis.envs.errors import UnknownEnvError
-from trellis.envs.specs import EnvSpec, spec_from_spaces
+from trellis.envs.specs import EnvSpec, vector_spec
 
 ALE_PREFIX = "ALE/"
 # What Gymnasium's ALE v5 ids set (Machado et al., 2018).
@@ -161,9 +161,5 @@ class AleVectorFactory:
         return None  # ALE ids declare none.
 
     def spec(self) -> EnvSpec:
-        envs = self.make_vector(1, seed=0)
-        try:
-            return spec_from_spaces(envs.single_observation_space, envs.single_action_space)
-        finally:
-            envs.close()
+        return vector_spec(self)
 

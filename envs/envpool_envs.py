@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 from trellis.envs.errors import UnknownEnvError
-from trellis.envs.specs import EnvSpec, spec_from_spaces
+from trellis.envs.specs import EnvSpec, vector_spec
 
 PREFIX = "envpool:"
 # Atari options that change what an episode and a reward are (see the module docstring).
@@ -151,8 +151,4 @@ class EnvpoolFactory:
         return getattr(config, "reward_threshold", None)
 
     def spec(self) -> EnvSpec:
-        envs = self.make_vector(1, seed=0)
-        try:
-            return spec_from_spaces(envs.single_observation_space, envs.single_action_space)
-        finally:
-            envs.close()
+        return vector_spec(self)

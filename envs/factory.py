@@ -24,7 +24,7 @@ from trellis.envs.pettingzoo_envs import PettingZooFactory, is_pettingzoo_id
 from trellis.envs.pgx_envs import PgxFactory, is_pgx_id
 from trellis.envs.playground_envs import PlaygroundFactory, is_playground_id
 from trellis.envs.sleep_env import SleepFactory, is_sleep_id
-from trellis.envs.specs import EnvSpec, spec_from_spaces
+from trellis.envs.specs import EnvSpec, vector_spec
 
 # Ids whose packages register on import (MuJoCo ships with gymnasium; ALE ids have their own
 # factories, envs/atari.py), as prefix: (module, the pyproject extra that installs it).
@@ -160,8 +160,4 @@ class EnvFactory:
         Vectorised implementations may preprocess (ALE's gives stacked 84x84 grey frames),
         so the spec comes from the vector env's single-env spaces, not from `gym.make`.
         """
-        envs = self.make_vector(1, seed=0)
-        try:
-            return spec_from_spaces(envs.single_observation_space, envs.single_action_space)
-        finally:
-            envs.close()
+        return vector_spec(self)

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from trellis.envs.errors import UnknownEnvError
-from trellis.envs.specs import EnvSpec, spec_from_spaces
+from trellis.envs.specs import EnvSpec, vector_spec
 
 PREFIX = "minatar:"
 # The id's game name: the module of minatar.environments that plays it.
@@ -169,5 +169,4 @@ class MinatarFactory:
         return None
 
     def spec(self) -> EnvSpec:
-        envs = self.make_vector(1, seed=0)
-        return spec_from_spaces(envs.single_observation_space, envs.single_action_space)
+        return vector_spec(self)

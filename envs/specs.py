@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -68,3 +69,13 @@ def spec_from_spaces(observation_space: gym.Space, action_space: gym.Space) -> E
             tuple(float(x) for x in np.ravel(action_space.high)),
         )
     raise TypeError(f"Trellis handles Discrete or Box actions, got {action_space!r}.")
+
+
+def vector_spec(factory: Any) -> EnvSpec:
+    """The spec of one env as env workers see it: from the single-env spaces of a batch of
+    one made by `factory.make_vector` (which may preprocess, e.g. ALE's stacked grey frames)."""
+    envs = factory.make_vector(1, seed=0)
+    try:
+        return spec_from_spaces(envs.single_observation_space, envs.single_action_space)
+    finally:
+        envs.close()
