@@ -16,8 +16,9 @@ from trellis.launch import runtime
 
 @pytest.mark.parametrize("platform", [
     "local_mp",
-    pytest.param("ray", marks=pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                                 reason="needs the ray extra")),
+    # Slow (15 s): test_ray.py's restart test kills a Ray actor in the default suite.
+    pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None, reason="needs the ray extra")]),
 ])
 def test_killed_env_worker_is_restarted_and_the_run_finishes(platform, capfd):
     config = ExperimentConfig(num_actors=2, envs_per_actor=8, total_env_steps=24_000,

@@ -36,7 +36,10 @@ def _is_script(path: str) -> bool:
 SCRIPTS = sorted(p for p in glob.glob(os.path.join(BENCHMARKS, "*.py")) if _is_script(p))
 # Scripts whose smoke run costs minutes on 2 cores: atari.py's Pong run.py (the resnet torso's
 # compilation alone took ~50 s of a 75 s run on a loaded machine).
-SLOW = {"atari.py"}
+# atari.py: minutes. The others: 10-28 s each on 2 cores, more than their share of the default
+# suite's 15 minutes; their agents' runs are tested there (test_alphazero, test_anakin,
+# test_ippo, test_soak).
+SLOW = {"atari.py", "alphazero.py", "anakin.py", "multi_agent.py", "soak.py"}
 
 
 def smoke_flags(path: str) -> list[str] | None:

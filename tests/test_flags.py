@@ -190,6 +190,7 @@ def _one_line_error(capsys, argv, expected):
     (["--ray_address=auto"], "--ray_address must be none unless --platform=ray"),
     (["--agent=dqnx"], "--agent must be one of " + ", ".join(map(repr, sorted(AGENTS)))),
     (["--env=CartPole-v7"], "unknown env 'CartPole-v7'"),
+    (["--env=sleep:fast"], "env 'sleep:fast': expected sleep:MS"),
 ])
 def test_bad_flag_is_one_line_and_exit_2(argv, expected, capsys):
     _one_line_error(capsys, argv, expected)

@@ -88,6 +88,7 @@ def test_a_daemon_thread_inside_jax_at_exit_does_not_abort_the_node(capfd):
     _assert_quiet("".join(capfd.readouterr()))
 
 
+@pytest.mark.slow  # 19 s; the slow test below repeats these stages, short runs stay below.
 def test_the_throughput_stages_print_no_native_abort(tmp_path):
     # Both transports on local_mp, where the abort was seen (16-core GPU machine), to a tiny
     # budget: every stage starts, serves, stops and ends its processes.

@@ -262,6 +262,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 14 s; DataParallelLearner's sharding is checked in the default suite by
+# test_impala_learner's and test_ppo_learner's versions of this test.
 def test_two_and_four_devices_match_one_device():
     result = run_with_cpu_devices(SCRIPT, num_devices=4, timeout=240)
     assert set(result) == {"1", "2", "4"}

@@ -186,7 +186,9 @@ def test_config_and_networks_reject_bad_input():
     assert math.isclose(SACConfig().discount, 0.99)
 
 
-@pytest.mark.parametrize("platform", ["local_mt", "local_mp"])
+# local_mp in the default suite, local_mt (15 s more) in the slow one.
+@pytest.mark.parametrize("platform", [pytest.param("local_mt", marks=pytest.mark.slow),
+                                      "local_mp"])
 def test_sac_learns_pendulum_quickly(platform, tmp_path):
     out = run(["--agent=sac", f"--platform={platform}", "--env=Pendulum-v1",
                "--total_env_steps=40000", "--stop_at_return=none", "--eval_every=0",

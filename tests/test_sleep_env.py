@@ -1,5 +1,6 @@
 """The sleep env (envs/sleep_env.py): its bandit against hand-computed rewards, next-step
-autoreset, the sleep itself, a bad id in one line; and the policy lag a run reports."""
+autoreset, the sleep itself, bad ids (run.py's one line: tests/test_flags.py); and the policy
+lag a run reports."""
 
 import json
 import os
@@ -46,14 +47,6 @@ def test_a_step_sleeps_its_milliseconds_once_for_the_whole_batch():
 def test_a_bad_sleep_id_is_refused(env_id):
     with pytest.raises(UnknownEnvError, match="sleep:MS"):
         make_env_factory(env_id).validate()
-
-
-def test_run_py_refuses_a_bad_sleep_id_in_one_line():
-    out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "run.py"),
-                          "--env=sleep:fast"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "sleep:MS" in lines[0], out.stderr
 
 
 @pytest.mark.slow  # 35 s with 8 worker processes on 2 cores (metrics and TensorBoard get the
