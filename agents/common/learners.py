@@ -72,6 +72,15 @@ class DataParallelLearner:
         # checkpoint first does not pay for it twice. Assignments replace it.
         return jax.jit(self._init, out_shardings=self._replicated)(self._key)
 
+    def compile(self, batch: Mapping[str, Any]) -> None:
+        """Compiles the update for batches shaped as `batch` (a tree of
+        `jax.ShapeDtypeStruct`); the state's shapes come from `init` without running it."""
+        def placed(sharding):
+            return lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+        state = jax.tree.map(placed(self._replicated), jax.eval_shape(self._init, self._key))
+        self._update.lower(state, jax.tree.map(placed(self._batch_sharding), batch)).compile()
+
     def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """`batch` on the learner's devices, sharded as `step` takes it (the learner node
         places the next batch while the current update runs)."""
@@ -152,6 +161,9 @@ class ReplayLearner(DataParallelLearner):
     def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The batch as it is: its unrolls go into the host table first."""
         return dict(batch)
+
+    def compile(self, batch: Mapping[str, Any]) -> None:
+        """Nothing ahead: the update takes sampled minibatches, compiled at the first."""
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """Inserts the unrolls' transitions, then learns once the table is large enough.

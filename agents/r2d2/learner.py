@@ -136,6 +136,9 @@ class Learner(DataParallelLearner):
         """The batch as it is: its keys stay on the host (uint64 does not go to the device)."""
         return dict(batch)
 
+    def compile(self, batch: Mapping[str, Any]) -> None:
+        """Nothing ahead: the update takes sampled sequences, compiled at the first."""
+
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """Learns from sampled sequences and writes their new priorities back.
 

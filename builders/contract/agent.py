@@ -178,6 +178,12 @@ class Learner(Protocol):
         the current update runs); the batch itself for a learner that takes host batches."""
         ...
 
+    def compile(self, batch: Mapping[str, Any]) -> None:
+        """Compiles the update for batches shaped as `batch` (a tree of
+        `jax.ShapeDtypeStruct`) before one comes; nothing for a learner whose update does not
+        take the unroll batches as they are."""
+        ...
+
     @property
     def params(self) -> Any: ...
 

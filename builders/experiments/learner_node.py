@@ -37,6 +37,7 @@ from trellis.builders.experiments.feeds import (
 )
 from trellis.builders.experiments.inference import InferenceServer, step_specs
 from trellis.builders.experiments.stop import StopRule
+from trellis.builders.experiments.unroll_queue import unroll_signature
 from trellis.envs.factory import EnvFactory
 from trellis.launch import runtime
 from trellis.reverb_tables import ReplayClient
@@ -173,6 +174,11 @@ class LearnerNode:
         client = None if replay is None else ReplayClient(replay)
         self._learner = builder.make_learner(networks, spec, learner_key,
                                              replay=None if table is None else client)
+        queue_spec = builder.queue_spec()
+        self._format = step_format(spec)
+        self._compiled = _Compiling(self._learner, [
+            self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
+            for size in batch_sizes(queue_spec, config)] if table is None else [])
         self._checkpointer = None
         progress = None
         if checkpoints is not None:
@@ -189,14 +195,12 @@ class LearnerNode:
         # Pulling metrics syncs with the device: only once per log interval.
         self._log_timer = _Interval(config.log_every_s, due_now=True)
         self._rate = StepRate(self._counter.env_steps())
-        queue_spec = builder.queue_spec()
         self._stop = runtime.stop_event()
         self._feed: UnrollFeed | ReplayFeed = (
             UnrollFeed(unroll_queue(queue_spec, config, client),
                        batch_sizes(queue_spec, config), self._stop) if table is None
             else ReplayFeed(client, table.name, queue_spec.batch_size, self._stop))
         initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
-        self._format = step_format(spec)
         self._inference = InferenceServer(
             policy=builder.make_policy(networks),
             params=self._learner.params,
@@ -299,6 +303,7 @@ class LearnerNode:
         finally:
             self._inference.join(timeout=5.0)
             self._prefetch.join(timeout_s=5.0)
+            self._compiled.join()  # Its programs reach the compilation cache.
             self._feed.close()
             if self._checkpointer is not None:
                 self._checkpointer.close()
@@ -318,6 +323,7 @@ class LearnerNode:
             if ready is None or not self._config.learn:
                 continue
             batch, versions = ready
+            self._compiled.first.wait()  # At once after the first update.
             # Learner steps change only on this thread: this update is the snapshot's next.
             if versions is not None:
                 self._lag.add(versions, snapshot.learner_steps)
@@ -342,6 +348,42 @@ class LearnerNode:
         state = self._learner.state
         progress = snapshot.progress()
         self._checkpointer.save(progress["env_steps"], state, progress)
+
+
+class _Compiling:
+    """Compiles the learner's update for every batch size the feed may give, smallest first,
+    in a thread, from the node's start: which sizes a run meets depends on how unrolls
+    happen to arrive, so compiling at first use would make a second run of the same config
+    compile again (a miss in the persistent compilation cache), and meanwhile the state is
+    made, the policy compiles and the env workers start. `first` is set once the smallest is
+    compiled (or there is nothing to compile)."""
+
+    def __init__(self, learner: Any, batches: list[dict[str, Any]]):
+        self.first = threading.Event()
+        if not batches:
+            self.first.set()
+        self._thread = threading.Thread(target=self._run, args=(learner, batches),
+                                        name="compile")
+        self._thread.start()
+
+    def _run(self, learner: Any, batches: list[dict[str, Any]]) -> None:
+        try:
+            for batch in batches:
+                learner.compile(batch)
+                self.first.set()
+        finally:
+            self.first.set()  # A failed compile fails again, with its error, at the update.
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def _abstract_batch(builder: Builder, spec: Any, queue_spec: Any,
+                    batch_size: int) -> dict[str, Any]:
+    """The shapes and dtypes of a batch of `batch_size` unrolls, as the feed gives it."""
+    steps = step_specs(spec, builder.extras_spec(spec), builder.initial_state(spec, 1))
+    return {name: jax.ShapeDtypeStruct(s.shape, s.dtype) for name, s in unroll_signature(
+        steps, queue_spec.unroll_length, (batch_size,)).items()}
 
 
 class _Interval:
