@@ -160,7 +160,7 @@ class UnrollFeed:
     to the learner, the rest waits for the next batch. So the batch follows the rate at which
     unrolls arrive: when env workers outrun the learner, each update learns from all that
     came during the one before, instead of the oldest unrolls of a growing backlog, and the
-    policy lag stays near one update (SEED RL and Sample Factory grow batches the same way).
+    policy lag stays at a few updates.
 
     Each batch carries `POLICY_VERSION` [T + 1, B] besides the unrolls' fields. The versions
     wait beside the queue, not in it (a replay node's table holds the unroll's fields only):
