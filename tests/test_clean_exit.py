@@ -188,10 +188,12 @@ def test_ctrl_c_stops_a_run_cleanly(tmp_path):
     os.killpg(run.process.pid, signal.SIGINT)  # What Ctrl-C in a shell sends.
     finished = run.finish()
     _assert_clean(finished, 130, "signal")
-    # Through the launcher's handler, never a KeyboardInterrupt in run.py's loop: raised inside
+    # Through a handler (the launcher's while run.py's loop waits inside the program, the
+    # session's between waits), never a KeyboardInterrupt in run.py's loop: raised inside
     # tensorboardX's add_scalar (just after the metrics record this test waits for), one left
     # a lock held and run.py hung in the writer's close() (issue 14).
-    assert "[launch] SIGINT: stopping program" in finished.out, finished.out
+    assert ("[launch] SIGINT: stopping program" in finished.out
+            or "[run] SIGINT: stopping the run" in finished.out), finished.out
 
 
 def test_no_process_is_left_after_an_env_worker_restart(tmp_path):

@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -236,6 +237,10 @@ class Session:
             return
 
         def on_signal(signum, frame):
+            if not self._signalled.is_set():
+                # The launcher's handler says the same while the loop waits inside the program.
+                print(f"[run] {signal.Signals(signum).name}: stopping the run",
+                      file=sys.stderr, flush=True)
             self._signalled.set()
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
