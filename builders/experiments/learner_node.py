@@ -176,9 +176,6 @@ class LearnerNode:
                                              replay=None if table is None else client)
         queue_spec = builder.queue_spec()
         self._format = step_format(spec)
-        self._compiled = _Compiling(self._learner, [
-            self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
-            for size in batch_sizes(queue_spec, config)] if table is None else [])
         self._checkpointer = None
         progress = None
         if checkpoints is not None:
@@ -220,6 +217,10 @@ class LearnerNode:
             step_format=self._format,
         )
         self._inference.set_params(self._learner.params, self._counter.snapshot().learner_steps)
+        self._compiled = _Compiling(self._learner, [
+            self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
+            for size in batch_sizes(queue_spec, config)] if table is None else [],
+            after_first=self._inference.compiled, stop=self._stop)
         self._prefetch = Prefetch(
             self._feed, lambda batch: self._learner.place(self._format.nest(batch)), self._stop)
         self._lag = PolicyLag()
@@ -354,21 +355,29 @@ class _Compiling:
     """Compiles the learner's update for every batch size the feed may give, smallest first,
     in a thread, from the node's start: which sizes a run meets depends on how unrolls
     happen to arrive, so compiling at first use would make a second run of the same config
-    compile again (a miss in the persistent compilation cache), and meanwhile the state is
-    made, the policy compiles and the env workers start. `first` is set once the smallest is
-    compiled (or there is nothing to compile)."""
+    compile again (a miss in the persistent compilation cache), and meanwhile the policy
+    compiles and the env workers start. `first` is set once the smallest is compiled (or
+    there is nothing to compile); the larger ones wait for `after_first` (the policy's
+    compiles): nothing needs them before the first update, and beside the policy's they
+    take cores and device time from the compiles the first env step waits for."""
 
-    def __init__(self, learner: Any, batches: list[dict[str, Any]]):
+    def __init__(self, learner: Any, batches: list[dict[str, Any]],
+                 after_first: threading.Event, stop: threading.Event):
         self.first = threading.Event()
         if not batches:
             self.first.set()
-        self._thread = threading.Thread(target=self._run, args=(learner, batches),
+        self._thread = threading.Thread(target=self._run,
+                                        args=(learner, batches, after_first, stop),
                                         name="compile")
         self._thread.start()
 
-    def _run(self, learner: Any, batches: list[dict[str, Any]]) -> None:
+    def _run(self, learner: Any, batches: list[dict[str, Any]],
+             after_first: threading.Event, stop: threading.Event) -> None:
         try:
-            for batch in batches:
+            for i, batch in enumerate(batches):
+                while i == 1 and not after_first.wait(0.1):
+                    if stop.is_set():
+                        return  # The policy never compiled: the node is stopping.
                 learner.compile(batch)
                 self.first.set()
         finally:
