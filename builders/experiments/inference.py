@@ -269,6 +269,8 @@ class InferenceServer:
       step_format: what the workers send and get back (`env_worker.step_format` of the env's
         spec); None: a single-agent env's, from `specs`. Multi-agent, the policy's `obs` is
         the step's `MultiAgentStep` and its actions {agent: [N, ...]}.
+      compiled: set once the policy is compiled for every batch size, when serving starts
+        (also if compiling fails); None: nothing is told.
     """
 
     def __init__(
@@ -289,6 +291,7 @@ class InferenceServer:
         on_steps: Callable[[int, Episodes], None] | None = None,
         shared_memory: shm.Layout | None = None,
         step_format: StepFormat | None = None,
+        compiled: threading.Event | None = None,
     ):
         self._format = step_format or _single_agent_format(specs)
         # The params and their version (the learner updates they have seen), swapped together.
@@ -339,8 +342,7 @@ class InferenceServer:
         # explicitly: a thread inherits daemon from the thread that creates it, and local_mt
         # constructs its nodes in daemon threads.
         self._thread = threading.Thread(target=self._serve, name="inference", daemon=False)
-        # Set once the policy is compiled for every batch size (then serving starts).
-        self.compiled = threading.Event()
+        self._compiled = compiled or threading.Event()
         self.batches = 0
         self.steps = 0
 
@@ -450,10 +452,10 @@ class InferenceServer:
     def _serve(self) -> None:
         try:
             self._compile_batch_sizes()
-            self.compiled.set()
+            self._compiled.set()
             self._serve_until_stopped()
         finally:
-            self.compiled.set()  # Also when compiling failed: nothing waits on it forever.
+            self._compiled.set()  # Also when compiling failed: nothing waits on it forever.
             if self._hub is not None:
                 self._hub.close()  # Workers still waiting see EOF.
 

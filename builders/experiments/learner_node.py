@@ -176,6 +176,13 @@ class LearnerNode:
                                              replay=None if table is None else client)
         queue_spec = builder.queue_spec()
         self._format = step_format(spec)
+        self._stop = runtime.stop_event()
+        # Beside the state's init and the policy's compiles (see `_Compiling`).
+        policy_compiled = threading.Event()
+        self._compiled = _Compiling(self._learner, [
+            self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
+            for size in batch_sizes(queue_spec, config)] if table is None else [],
+            after_first=policy_compiled, stop=self._stop)
         self._checkpointer = None
         progress = None
         if checkpoints is not None:
@@ -192,7 +199,6 @@ class LearnerNode:
         # Pulling metrics syncs with the device: only once per log interval.
         self._log_timer = _Interval(config.log_every_s, due_now=True)
         self._rate = StepRate(self._counter.env_steps())
-        self._stop = runtime.stop_event()
         self._feed: UnrollFeed | ReplayFeed = (
             UnrollFeed(unroll_queue(queue_spec, config, client),
                        batch_sizes(queue_spec, config), self._stop) if table is None
@@ -215,12 +221,9 @@ class LearnerNode:
             shared_memory=(shm_layout(spec, config.envs_per_actor)
                            if config.transport == "shm" else None),
             step_format=self._format,
+            compiled=policy_compiled,
         )
         self._inference.set_params(self._learner.params, self._counter.snapshot().learner_steps)
-        self._compiled = _Compiling(self._learner, [
-            self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
-            for size in batch_sizes(queue_spec, config)] if table is None else [],
-            after_first=self._inference.compiled, stop=self._stop)
         self._prefetch = Prefetch(
             self._feed, lambda batch: self._learner.place(self._format.nest(batch)), self._stop)
         self._lag = PolicyLag()
