@@ -14,8 +14,9 @@ an episode boundary. Where envpool differs, this module adapts:
   Gymnasium's ALE ids, and clipping is the learner's business (the agents' `reward_clip`), so
   reported returns are the game's score. `options` (envs/atari.py's settings: frame skip,
   stack, size, no-ops, sticky actions, full action space, episodic life) change the rest;
-  with episodic life on, a lost life ends an episode as the worker sees it, and the game's
-  reset follows only its last life.
+  with episodic life on, a lost life ends an episode as the worker sees it, the game's reset
+  follows only its last life, and the step's info says where a game ended (`GAME_OVER`), so
+  the worker still reports returns per game.
 - envpool seeds its envs when the pool is built, not at reset: `make_vector(num_envs, seed)`
   builds it with the worker's seed.
 - Each step checks that the envs that reset (envpool's `elapsed_step` is 0 after a reset) are
@@ -32,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from trellis.envs.errors import UnknownEnvError
-from trellis.envs.specs import EnvSpec, vector_spec
+from trellis.envs.specs import GAME_OVER, EnvSpec, vector_spec
 
 PREFIX = "envpool:"
 # Atari options that change what an episode and a reward are (see the module docstring).
@@ -77,7 +78,8 @@ class EnvpoolVector:
         return obs, info
 
     def step(self, actions: np.ndarray):
-        """Steps every env; an env that ended at the previous step is reset instead.
+        """Steps every env; an env that ended at the previous step is reset instead. The
+        info's `GAME_OVER` says where a game ended (with episodic life, not at a lost life).
 
         Raises:
           RuntimeError: an env reset without having ended, or did not reset after ending.
@@ -92,8 +94,9 @@ class EnvpoolVector:
                 f"envpool reset envs {np.flatnonzero(reset).tolist()} after envs "
                 f"{np.flatnonzero(self._ended).tolist()} ended: an episode boundary the env "
                 f"worker would not see")
-        game_over = np.asarray(info["terminated"]) if self._episodic_life else terminated
+        game_over = np.asarray(info["terminated"], bool) if self._episodic_life else terminated
         self._ended = game_over | truncated
+        info[GAME_OVER] = game_over
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:

@@ -8,6 +8,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+# A vector env's info key, where a game's end is not its `terminated`: with episodic life an
+# Atari game terminates an episode at each lost life (what the agent learns from), and the game,
+# whose score runs report, ends with the last one. The env worker counts returns per game.
+GAME_OVER = "game_over"
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:

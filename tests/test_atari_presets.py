@@ -15,7 +15,7 @@ import pytest
 
 from trellis.agents.registry import AGENTS, agent_module
 from trellis.builders.contract.config import settings
-from trellis.builders.experiments.env_worker import EpisodeTracker
+from trellis.builders.experiments.env_worker import _GymnasiumEnvs
 from trellis.envs import UnknownEnvError, make_env_factory
 from trellis.envs import atari as atari_envs
 from trellis.envs.atari import AleVectorFactory, atari_factory, with_settings
@@ -245,9 +245,9 @@ def _play(factory, num_envs: int, steps: int, seed: int = 3):
 
 def test_breakout_with_and_without_episodic_life():
     """Breakout has 5 lives. With episodic life each lost life is a terminated step and only
-    the last one's game resets; the env worker's episode tracker (`first` after each end)
-    then reports 5 episodes per game, whose returns add up to the game's score. Without it,
-    only the game's end is terminated."""
+    the last one's game resets; the env worker reports one episode per game, with the game's
+    score and length (a tracker fed `terminated` alone would report 5, one per life). Without
+    it, only the game's end is terminated."""
     pytest.importorskip("envpool")
     base = make_env_factory("envpool:Breakout-v5")
     reward, terminated, lives, elapsed = (
@@ -259,13 +259,16 @@ def test_breakout_with_and_without_episodic_life():
     assert len(ends) == 5 and list(lives[ends]) == [4, 3, 2, 1, 0]
     assert all(elapsed[t + 1] > 0 for t in ends[:-1])  # The game goes on after a lost life,
     assert elapsed[ends[-1] + 1] == 0  # and resets after its last.
-    tracker, first, episodes = EpisodeTracker(1), np.zeros(1, bool), []
-    for t in range(over[0] + 1):
-        episodes += tracker.update(reward[t:t + 1], terminated[t:t + 1], first)
-        first = terminated[t:t + 1]
-    assert len(episodes) == 5
-    assert sum(r for r, _ in episodes) == reward[game].sum()
-    assert sum(n for _, n in episodes) == over[0] + 1 - 4  # Each life's first step starts it.
+    # The env worker's adapter: its first episode comes with the fifth lost life.
+    envs = _GymnasiumEnvs(with_settings(base, {"episodic_life": True}).make_vector(1, seed=3), 1)
+    envs.reset(seed=3)
+    rng = np.random.default_rng(3)
+    rewards, ends, episodes = [], 0, []
+    while not episodes:
+        fields, episodes = envs.step(rng.integers(0, 4, 1))
+        rewards.append(float(fields["reward"][0]))
+        ends += int(fields["terminated"][0])
+    assert ends == 5 and episodes == [(sum(rewards), len(rewards))]
     reward, terminated, lives, _ = (x[:, 0] for x in _play(base, 1, 600))
     assert terminated.any() and (lives[terminated] == 0).all()
 

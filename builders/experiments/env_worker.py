@@ -34,7 +34,7 @@ import numpy as np
 from trellis.builders.contract.agent import ArraySpec
 from trellis.envs.factory import EnvFactory
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep, episode_done
-from trellis.envs.specs import EnvSpec
+from trellis.envs.specs import GAME_OVER, EnvSpec
 from trellis.launch import runtime
 from trellis.launch.runtime import shm
 from trellis.launch.runtime.node_context import StopEvent
@@ -226,12 +226,17 @@ class TeamEpisodeTracker:
 
 
 class _GymnasiumEnvs:
-    """A Gymnasium vector env (next-step autoreset) as the fields of `StepFormat`."""
+    """A Gymnasium vector env (next-step autoreset) as the fields of `StepFormat`.
+
+    The episodes it reports are games: where the env's info has `GAME_OVER` (Atari with
+    episodic life), a lost life ends the agent's episode but not the game's return and length.
+    """
 
     def __init__(self, envs: Any, num_envs: int):
         self._envs = envs
         self._episodes = EpisodeTracker(num_envs)
         self._done = np.zeros(num_envs, bool)
+        self._game_over = np.zeros(num_envs, bool)
 
     def reset(self, seed: int) -> dict[str, np.ndarray]:
         obs, _ = self._envs.reset(seed=seed)
@@ -241,10 +246,12 @@ class _GymnasiumEnvs:
 
     def step(self, actions: Any) -> tuple[dict[str, np.ndarray], list[Episode]]:
         first = self._done  # The step after an episode's end is the next one's first.
-        obs, reward, terminated, truncated, _ = self._envs.step(np.asarray(actions))
+        game_first = self._game_over
+        obs, reward, terminated, truncated, info = self._envs.step(np.asarray(actions))
         reward = np.asarray(reward, np.float32)
         self._done = terminated | truncated
-        finished = self._episodes.update(reward, self._done, first)
+        self._game_over = truncated | np.asarray(info.get(GAME_OVER, terminated), bool)
+        finished = self._episodes.update(reward, self._game_over, game_first)
         return {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated,
                 "first": first}, finished
 
