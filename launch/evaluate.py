@@ -179,9 +179,10 @@ def evaluate(args: argparse.Namespace) -> dict:
     """Restores, plays, and returns {return_mean, return_min, return_max, episodes, ...}."""
     try:
         settings = load_run(args.run_dir)
-    except UsageError as e:
+        builder, _ = settings.build()
+    except (UsageError, ValueError) as e:  # ValueError: an extra the run needs is missing.
         raise _Error(str(e)) from e
-    if settings.build()[0].capabilities.learns_from == SELF_PLAY:
+    if builder.capabilities.learns_from == SELF_PLAY:
         return _evaluate_self_play(args, settings)
     if settings.options.platform == ANAKIN:
         return _evaluate_anakin(args, settings)

@@ -125,8 +125,13 @@ def parse_sweep(argv: Sequence[str]):
         raise UsageError("--scheduler=pbt needs at least one --search setting to perturb")
     sweep_dir = options.restore or run.options.logdir or new_run_dir(
         run.options.agent, run.options.env, root="sweeps")
+    try:
+        _, env_factory = run.build()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return SweepSpec(
         agent=run.options.agent, env=run.options.env, platform=run.options.platform,
+        env_factory=env_factory, options=run.saved_options(),
         experiment=run.experiment, agent_config=run.agent, search=search,
         sweep_dir=os.path.abspath(sweep_dir), scheduler=options.scheduler,
         search_alg=options.search_alg, num_trials=options.num_trials,

@@ -61,6 +61,22 @@ def test_alphazero_builder_without_mctx_names_the_extra():
         missing_search_extra("mctx")(AlphaZeroConfig())
 
 
+def test_evaluating_an_alphazero_run_without_the_search_extra(monkeypatch, capsys, tmp_path):
+    """evaluate.py on a run whose agent's extra is missing here: one line, exit 2."""
+    import json
+
+    from trellis.agents import alphazero
+    from trellis.launch import evaluate
+
+    (tmp_path / "config.json").write_text(json.dumps({"command_line": {
+        "agent": "alphazero", "env": "pgx:tic_tac_toe", "platform": "anakin"},
+        "experiment": {}, "agent_config": {}}))
+    monkeypatch.setattr(alphazero, "Builder", missing_search_extra("mctx"))
+    assert evaluate.main([str(tmp_path)]) == 2
+    _assert_one_line(2, capsys.readouterr().err, "evaluate.py: error: --agent=alphazero needs "
+                     "the search extra (mctx is not installed)")
+
+
 def test_es_strategy_of_evosax_without_the_es_extra(monkeypatch, capsys, tmp_path):
     _hide(monkeypatch, "evosax")
     code = run_py.main(["--agent=es", "--strategy=cma_es", "--platform=local_mt",

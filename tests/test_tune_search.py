@@ -78,6 +78,19 @@ def test_a_sweep_spec_holds_the_flags_and_the_search_space(tmp_path):
     assert spec.sweep_dir == str(tmp_path)
 
 
+def test_a_sweeps_trials_keep_the_atari_settings(tmp_path):
+    """The trials step the env the flags name with its settings, and record them in
+    config.json as run.py does (evaluate.py rebuilds the env from there)."""
+    pytest.importorskip("ray.tune")
+    pytest.importorskip("envpool")
+    spec, _ = tune.parse_sweep([
+        "--agent=impala", "--preset=atari", "--env=envpool:Pong-v5", "--frame_skip=2",
+        "--search", "learning_rate=loguniform:1e-4:1e-3", f"--logdir={tmp_path}"])
+    assert dict(spec.env_factory.options)["frame_skip"] == 2
+    assert spec.options["frame_skip"] == 2 and spec.options["env"] == "envpool:Pong-v5"
+    assert spec.agent_config.pixel_torso == "resnet"  # The preset's.
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--search", "learning_rate=loguniform:-1:2"], "loguniform needs 0 < LOW < HIGH"),
     (["--search", "clip_epsilon=uniform:0.1:0.3"],

@@ -38,7 +38,6 @@ from trellis.builders.experiments.checkpointing import CHECKPOINT_SUBDIR  # noqa
 from trellis.builders.experiments.pbt import Dimension, PBTConfig  # noqa: E402
 from trellis.builders.experiments.rundir import read_json, read_metrics, write_json  # noqa: E402
 from trellis.builders.experiments.session import run_experiment  # noqa: E402
-from trellis.envs import make_env_factory  # noqa: E402
 
 SCHEDULERS = ("fifo", "asha", "pbt")
 SEARCH_ALGS = ("random", "grid", "optuna")
@@ -60,6 +59,8 @@ class SweepSpec:
     agent: str
     env: str
     platform: str
+    env_factory: Any  # `env` with the command line's env settings (Atari's frame handling).
+    options: dict[str, Any]  # The command line's options, as config.json records them.
     experiment: ExperimentConfig
     agent_config: Any
     search: dict[str, Dimension]
@@ -169,9 +170,9 @@ def run_trial(hparams: dict[str, Any], spec: SweepSpec) -> None:
                 f.write(json.dumps({"time": round(time.time(), 3), "env_steps": origin["step"],
                                     "donor": origin["trial_id"], "hparams": hparams}) + "\n")
     summary = run_experiment(
-        agent_module(spec.agent).Builder(agent_config), make_env_factory(spec.env), experiment,
+        agent_module(spec.agent).Builder(agent_config), spec.env_factory, experiment,
         run_dir, platform=spec.platform, quiet=True, resume=origin is not None,
-        options={"agent": spec.agent, "env": spec.env, "platform": spec.platform},
+        options=spec.options,
         extra_metrics={"learning_rate": agent_config.learning_rate},
         on_stats=_Reporter(run_dir, trial_id, spec.metric, origin and origin["step"],
                            spec.pbt.pbt_interval if spec.scheduler == "pbt" else None))
