@@ -237,15 +237,21 @@ def test_ippo_on_simple_spread_local_mp_stops_cleanly(tmp_path):
     assert last["return_mean"] < 0
 
 
+# The env-worker layout of each agent's learning run: IPPO's and MAPPO's benchmark (16 envs,
+# JaxMARL's batch); independent IMPALA's own defaults.
+LEARNING_LAYOUT = {"ippo": ["--num_actors=2", "--envs_per_actor=8"],
+                   "mappo": ["--num_actors=2", "--envs_per_actor=8"], "iimpala": []}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", ["ippo", "mappo"])
+@pytest.mark.parametrize("agent", ["ippo", "mappo", "iimpala"])
 def test_learns_simple_spread_on_local_mp(agent, tmp_path):
-    """IPPO and MAPPO with JaxMARL's MPE settings on mpe2's simple_spread, on local_mp: the
-    mean team return over 100 episodes climbs from the random floor (-80.9) to -62, well
-    above it (the window's mean has a standard error of about 2.4 at random), within 2M env
-    steps."""
-    out = _run([f"--agent={agent}", SPREAD, "--platform=local_mp", "--num_actors=2",
-                "--envs_per_actor=8", "--total_env_steps=2000000", "--stop_at_return=-62",
+    """IPPO and MAPPO with JaxMARL's MPE settings, and independent IMPALA with its defaults,
+    on mpe2's simple_spread, on local_mp: the mean team return over 100 episodes climbs from
+    the random floor (-80.9) to -62, well above it (the window's mean has a standard error of
+    about 2.4 at random), within 2M env steps."""
+    out = _run([f"--agent={agent}", SPREAD, "--platform=local_mp", *LEARNING_LAYOUT[agent],
+                "--total_env_steps=2000000", "--stop_at_return=-62",
                 f"--logdir={tmp_path}", "--quiet"], timeout=3000)
     assert out.returncode == 0, out.stderr
     with open(tmp_path / "summary.json") as f:

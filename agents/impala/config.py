@@ -66,6 +66,11 @@ class ImpalaConfig(AgentConfig):
     reward_clip: float | None = setting(
         None, "the learner clips rewards to [-reward_clip, reward_clip] (Atari: 1); the "
         "reported returns stay unclipped; none: no clipping", gt=0)
+    center_rewards: bool = setting(
+        False, "the learner subtracts the batch's mean reward (over the steps it learns from, "
+        "after reward_clip) before V-trace, so the baseline need not learn the returns' "
+        "constant part; keep it off where episodes can terminate early: it changes what "
+        "living longer is worth (independent IMPALA on MPE: on)")
 
     def __post_init__(self):
         for name, value in CORE_DEFAULTS.get(self.core, {}).items():

@@ -51,6 +51,8 @@ def make_update(
         rewards = batch["reward"][1:]  # [T, B]; clipped here, so returns are reported unclipped.
         if config.reward_clip is not None:
             rewards = jnp.clip(rewards, -config.reward_clip, config.reward_clip)
+        if config.center_rewards:  # The mean of the transitions learned from (mask 1).
+            rewards = rewards - jnp.sum(rewards * mask) / jnp.maximum(mask.sum(), 1.0)
         losses, metrics = jax.vmap(functools.partial(loss_fn, entropy_cost=entropy_cost),
                                    in_axes=1)(
             logits,
