@@ -126,6 +126,42 @@ def test_a_client_with_another_layout_is_refused():
         hub.close()
 
 
+def _connect_while_polling(hub: shm.Hub, row: int, hello: bytes) -> shm.Channel:
+    """A client of a hub with rows waits for the hub's fd: the hub polls meanwhile."""
+    done = threading.Event()
+    poller = threading.Thread(target=lambda: [hub.poll(0.05) for _ in iter(done.is_set, True)])
+    poller.start()
+    try:
+        return shm.connect(hub.address, LAYOUT, hello, row=row)
+    finally:
+        done.set()
+        poller.join()
+
+
+def test_a_hub_with_rows_shares_one_mapping_a_row_per_client():
+    """Each client's arrays are its row of the hub's: the hub gathers rows and scatters into
+    them with one numpy operation; a row out of range is refused."""
+    hub = shm.Hub(LAYOUT, rows=3)
+    a = _connect_while_polling(hub, 2, b"a")
+    b = _connect_while_polling(hub, 0, b"b")
+    try:
+        assert sorted((c.row, c.hello) for c in hub.channels) == [(0, b"b"), (2, b"a")]
+        a.arrays["obs"][:] = 7
+        b.arrays["reward"][:] = 1.5
+        rows = np.take(hub.arrays["obs"], [2, 0], axis=0)
+        assert (rows[0] == 7).all() and (rows[1] == 0).all() and (hub.arrays["obs"][1] == 0).all()
+        assert hub.arrays["reward"].tolist() == [[1.5] * 4, [0] * 4, [0] * 4]
+        hub.arrays["action"][[2, 0]] = [[1, 2, 3, 4], [5, 6, 7, 8]]
+        assert a.arrays["action"].tolist() == [1, 2, 3, 4]
+        assert b.arrays["action"].tolist() == [5, 6, 7, 8]
+        with pytest.raises(OSError):
+            _connect_while_polling(hub, 3, b"c")
+    finally:
+        a.close()
+        b.close()
+        hub.close()
+
+
 def test_wake_ends_a_poll_early_from_another_thread():
     hub = shm.Hub(LAYOUT)
     timer = threading.Timer(0.2, hub.wake)

@@ -337,7 +337,8 @@ class EnvWorker:
             return None
         layout = shm_layout(spec, self._num_envs)
         try:
-            return shm.connect(address, layout, pack_hello(self._worker_id, run_id))
+            return shm.connect(address, layout, pack_hello(self._worker_id, run_id),
+                               row=self._worker_id)
         except OSError as e:  # Another host, another network namespace, not enough memory.
             print(f"env worker {self._worker_id}: no shared memory with the inference server "
                   f"({e}); stepping over the socket", file=sys.stderr, flush=True)

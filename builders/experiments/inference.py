@@ -82,16 +82,16 @@ def _single_agent_format(specs: Mapping[str, ArraySpec]) -> StepFormat:
 
 @dataclasses.dataclass
 class _Request:
-    """One worker's step; `finish` hands it `actions`, or None (stopping), or `error`.
+    """One worker's step, whose inputs are in the worker's row of the server's slots; `finish`
+    hands it `actions`, or None (stopping), or `error`.
 
-    Its `data` are views of the worker's shared slots when it came through `channel`: they
-    stay valid until `finish`, since the worker waits for the answer before writing again.
-    `actions` is set only when the request is answered with them.
+    The row stays as the worker wrote it until `finish`, since the worker waits for the answer
+    before writing again. `actions` is set only when the request is answered with them (the
+    shared-memory path finds them in its row, where the batch's answer was scattered).
     """
 
     worker_id: int
     run_id: int
-    data: dict[str, np.ndarray]
     channel: shm.Channel | None = None
     done: threading.Event | None = None  # The RPC path's wake-up (`step` makes one).
     actions: dict[str, np.ndarray] | None = None  # The action fields (`StepFormat.actions`).
@@ -101,9 +101,6 @@ class _Request:
         if self.done is not None:
             self.done.set()
             return
-        if self.error is None and self.actions is not None:
-            for name, value in self.actions.items():
-                self.channel.arrays[name][...] = value
         answer = (FAILED if self.error is not None else
                   STOPPING if self.actions is None else ACTIONS)
         with contextlib.suppress(OSError):  # A worker that died meanwhile needs no answer.
@@ -318,10 +315,17 @@ class InferenceServer:
         self._hub = None
         if shared_memory is not None:
             if shm.available():
-                self._hub = shm.Hub(shared_memory)
+                self._hub = shm.Hub(shared_memory, rows=num_workers)
             else:
                 print("inference: no shared memory on this platform (needs Linux memfd); env "
                       "workers step over the socket", file=sys.stderr, flush=True)
+        # Every worker's inputs and actions, a row per worker ([W, K, ...]): the shared
+        # mapping workers write into, or arrays here that the RPC path copies into. A batch
+        # gathers its workers' rows in one `np.take` per field and scatters its actions back
+        # in one assignment per field, whatever the number of workers.
+        slot_fields = {**self._format.inputs, **self._format.actions}
+        self._rows = self._hub.arrays if self._hub is not None else {
+            name: spec.zeros((num_workers, envs_per_worker)) for name, spec in slot_fields.items()}
         self._recorder = UnrollRecorder(
             self._specs, num_workers, envs_per_worker, unroll_length, on_unroll, overlap
         )
@@ -400,9 +404,11 @@ class InferenceServer:
                                  f"{None if value is None else np.shape(value)}, expected "
                                  f"{expected}")
             data[name] = value
+        for name, value in data.items():
+            self._rows[name][worker_id] = value
         self._on_steps(self._k, episodes)
         done = threading.Event()
-        request = _Request(worker_id, run_id, data, done=done)
+        request = _Request(worker_id, run_id, done=done)
         self._requests.put(request)
         if self._hub is not None:
             self._hub.wake()
@@ -438,10 +444,10 @@ class InferenceServer:
     def _shm_request(self, channel: shm.Channel) -> _Request | None:
         worker_id, run_id = unpack_hello(channel.hello)
         slots = channel.arrays
-        request = _Request(worker_id, run_id,
-                           {name: slots[name] for name in self._format.inputs}, channel)
-        if not 0 <= worker_id < self._num_workers:  # The RPC path raises ValueError here.
-            request.error = ValueError(f"worker_id {worker_id} not in [0, {self._num_workers})")
+        request = _Request(worker_id, run_id, channel)
+        if worker_id != channel.row:  # Its inputs are in another worker's row.
+            request.error = ValueError(f"worker {worker_id} connected to the slots of row "
+                                       f"{channel.row}")
             request.finish()
             return None
         count = int(slots["num_episodes"])
@@ -508,17 +514,20 @@ class InferenceServer:
     def _serve_batch(self, batch: list[_Request]) -> None:
         """Acts for every request, answers them all, then records the steps."""
         k, n = self._k, len(batch) * self._k
+        workers = np.fromiter((r.worker_id for r in batch), np.intp, len(batch))
         inputs = {name: buffer[:_bucket(n)] for name, buffer in self._inputs.items()}
-        for i, request in enumerate(batch):
-            for name, value in request.data.items():
-                inputs[name][i * k:(i + 1) * k] = value
+        for name, rows in inputs.items():  # The gather: [W, K, ...] -> [n, ...].
+            np.take(self._rows[name], workers, axis=0,
+                    out=rows[:n].reshape(len(batch), k, *rows.shape[1:]))
         params, version = self._acting
         actions, extras, state_rows = self._act_on(
             params, batch, self._format.policy_obs(inputs), inputs["first"])
         actions = self._format.action_fields(actions)
         extras = self._format.extras_fields(extras)
+        for name, value in actions.items():  # The scatter, into the workers' rows.
+            self._rows[name][workers] = value[:n].reshape(len(batch), k, *value.shape[1:])
         # Answer first: the workers step their envs while this thread records (from `inputs`,
-        # since they overwrite their slots once answered).
+        # since they overwrite their rows once answered).
         for i, request in enumerate(batch):
             request.actions = {name: v[i * k:(i + 1) * k] for name, v in actions.items()}
             request.finish()

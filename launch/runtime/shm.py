@@ -6,6 +6,11 @@ passes the fd to the hub over a Unix stream socket (SCM_RIGHTS), with a short he
 on both sides read and write the arrays in place and send one byte over that socket to say
 "your turn": a request-reply costs two one-byte socket writes and no pickling.
 
+A hub with `rows` turns it around: the hub holds one mapping in which each field is an array of
+`rows` clients' arrays ([rows, ...]); a client names its row when it connects and gets the
+hub's fd back. The hub then reads or writes any set of clients' arrays with one numpy
+operation (`np.take`, a fancy-indexed assignment), where separate mappings need one per client.
+
 Why these choices:
 - memfd, not /dev/shm: the mapping has no name, so nothing outlives the processes that map it,
   even after kill -9 of either side, and it is not limited by the size of /dev/shm (a container
@@ -54,6 +59,23 @@ def _offsets(layout: Layout) -> tuple[dict[str, int], int]:
     return offsets, max(end, _ALIGN)
 
 
+def _with_rows(layout: Layout, rows: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {name: ((rows, *shape), dtype) for name, (shape, dtype) in layout.items()}
+
+
+def _create(layout: Layout) -> tuple[int, dict[str, np.ndarray]]:
+    """A new anonymous mapping of `layout`: (its fd, its arrays)."""
+    _, size = _offsets(layout)
+    fd = os.memfd_create("trellis-shm", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+        return fd, _map(fd, layout)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _map(fd: int, layout: Layout) -> dict[str, np.ndarray]:
     offsets, size = _offsets(layout)
     if os.fstat(fd).st_size != size:
@@ -69,6 +91,8 @@ class Channel:
     Attributes:
       arrays: name -> array living in the shared mapping (both sides see each write).
       hello: what the client sent when it connected.
+      row: on a hub's side, the client's row of the hub's arrays (a hub with `rows`), else
+        None.
     """
 
     def __init__(self, sock: socket.socket, arrays: dict[str, np.ndarray], hello: bytes):
@@ -76,6 +100,7 @@ class Channel:
         self._timeout = sock.gettimeout()
         self.arrays = arrays
         self.hello = hello
+        self.row: int | None = None
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -118,30 +143,53 @@ class Channel:
         self._sock.close()
 
 
-def connect(address: str, layout: Layout, hello: bytes, timeout_s: float = 10.0) -> Channel:
-    """Creates the shared arrays of `layout` and hands them to the hub at `address`.
+def _receive_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the socket")
+        data += chunk
+    return data
+
+
+def connect(address: str, layout: Layout, hello: bytes, timeout_s: float = 10.0,
+            row: int | None = None) -> Channel:
+    """Creates the shared arrays of `layout` and hands them to the hub at `address`; or, with
+    `row`, maps the arrays of that row of the hub's (a hub made with `rows`).
 
     Raises:
-      OSError: the hub cannot be reached from here (another host or network namespace) or
-        the mapping cannot be had (memory); callers fall back to their socket path.
+      OSError: the hub cannot be reached from here (another host or network namespace), the
+        mapping cannot be had (memory), or the hub refused the row (`ConnectionError`);
+        callers fall back to their socket path.
     """
     if len(hello) > _HELLO_BYTES:
         raise ValueError(f"hello is {len(hello)} bytes, at most {_HELLO_BYTES}")
-    _, size = _offsets(layout)
-    fd = os.memfd_create("trellis-shm", os.MFD_CLOEXEC)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
-        arrays = _map(fd, layout)
         sock.settimeout(timeout_s)
-        sock.connect(address)
-        socket.send_fds(sock, [struct.pack("!H", len(hello)) + hello], [fd])
+        if row is not None:
+            sock.connect(address)
+            sock.sendall(struct.pack("!Hq", len(hello), row) + hello)
+            data, fds, _, _ = socket.recv_fds(sock, 8, 1)
+            try:
+                if len(fds) != 1 or len(data) != 8:
+                    raise ConnectionError(f"the shared-memory hub refused row {row}")
+                (rows,) = struct.unpack("!q", data)
+                full = _map(fds[0], _with_rows(layout, rows))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            return Channel(sock, {name: array[row, ...] for name, array in full.items()}, hello)
+        fd, arrays = _create(layout)
+        try:
+            sock.connect(address)
+            socket.send_fds(sock, [struct.pack("!H", len(hello)) + hello], [fd])
+        finally:
+            os.close(fd)  # The mapping (and the hub's) keep the memory; no fd or name is left.
     except BaseException:
         sock.close()
         raise
-    finally:
-        os.close(fd)  # The mapping (and the hub's) keep the memory; no fd or name is left.
     return Channel(sock, arrays, hello)
 
 
@@ -150,10 +198,21 @@ class Hub:
 
     `poll` accepts new clients, drops those whose peer closed, and returns the messages that
     arrived. Not thread-safe except `wake`, which any thread may call to end a `poll` early.
+
+    Args:
+      layout: each client's arrays.
+      rows: None: each client brings its own mapping. Else the hub holds `arrays`, each field
+        [rows, ...], and a client connects to one row (`connect(row=)`); its channel's
+        `row` and `arrays` (views of that row) say which.
     """
 
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: Layout, rows: int | None = None):
         self._layout = dict(layout)
+        self.rows = rows
+        self.arrays: dict[str, np.ndarray] = {}
+        self._fd = None
+        if rows is not None:
+            self._fd, self.arrays = _create(_with_rows(layout, rows))
         self.address = f"\0trellis-shm-{secrets.token_hex(16)}"
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.address)
@@ -207,25 +266,36 @@ class Hub:
             sock, _ = self._listener.accept()
         except BlockingIOError:
             return []
+        row = None
         try:
             sock.settimeout(1.0)  # The client sends its fd and hello right after connecting.
-            data, fds, _, _ = socket.recv_fds(sock, 2 + _HELLO_BYTES, 1)
-            try:
-                if len(fds) != 1 or len(data) < 2:
-                    raise ConnectionError("a shared-memory client sent no mapping")
-                arrays = _map(fds[0], self._layout)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-        except (OSError, ValueError):
+            if self.rows is None:
+                data, fds, _, _ = socket.recv_fds(sock, 2 + _HELLO_BYTES, 1)
+                try:
+                    if len(fds) != 1 or len(data) < 2:
+                        raise ConnectionError("a shared-memory client sent no mapping")
+                    arrays = _map(fds[0], self._layout)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                (length,) = struct.unpack("!H", data[:2])
+                hello, data = bytes(data[2:2 + length]), data[2 + length:]
+            else:
+                length, row = struct.unpack("!Hq", _receive_exactly(sock, 10))
+                hello, data = _receive_exactly(sock, length), b""
+                if not 0 <= row < self.rows:
+                    raise ConnectionError(f"row {row} not in [0, {self.rows})")
+                socket.send_fds(sock, [struct.pack("!q", self.rows)], [self._fd])
+                arrays = {name: array[row, ...] for name, array in self.arrays.items()}
+        except (OSError, ValueError, struct.error):
             sock.close()  # A client that does not follow the protocol gets nothing.
             return []
         sock.setblocking(False)
-        (length,) = struct.unpack("!H", data[:2])
-        channel = Channel(sock, arrays, bytes(data[2:2 + length]))
+        channel = Channel(sock, arrays, hello)
+        channel.row = row
         self.channels.append(channel)
         self._selector.register(channel, selectors.EVENT_READ, channel)
-        return [(channel, b) for b in data[2 + length:]]
+        return [(channel, b) for b in data]
 
     def _drop(self, channel: Channel) -> None:
         self._selector.unregister(channel)
@@ -238,6 +308,9 @@ class Hub:
             self._drop(channel)
         self._selector.close()
         self._listener.close()
+        if self._fd is not None:
+            os.close(self._fd)  # `arrays` keep the hub's mapping until they are dropped.
+            self._fd = None
         with self._wake_lock:
             self._closed = True
             os.close(self._wake_r)
