@@ -281,6 +281,7 @@ class Hub:
                 (length,) = struct.unpack("!H", data[:2])
                 hello, data = bytes(data[2:2 + length]), data[2 + length:]
             else:
+                assert self._fd is not None  # A hub with rows holds their mapping's fd.
                 length, row = struct.unpack("!Hq", _receive_exactly(sock, 10))
                 hello, data = _receive_exactly(sock, length), b""
                 if not 0 <= row < self.rows:
