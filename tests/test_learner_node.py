@@ -116,14 +116,18 @@ def test_auto_batch_sizes_double_from_a_quarter_of_the_envs_unrolls_up_to_all_of
     assert max_unrolls(spec, dataclasses.replace(config, learner_batch="fixed")) == 8
 
 
-def test_auto_batch_takes_what_waits_up_to_the_largest_size_it_fills():
+def test_auto_batch_takes_what_waits_up_to_the_largest_size_allowed():
     feed = UnrollFeed(LocalUnrollQueue(max_unrolls=8), sizes=(2, 4, 8), stop=threading.Event())
     feed.put(chunk(0, 2), np.zeros(4, np.int64))
     assert feed.next_batch()["x"][0].tolist() == [0, 1]  # Nothing more waits: the smallest.
     for first in range(2, 14, 2):  # Six chunks, 12 columns: 2..13.
         feed.put(chunk(first, 2), np.zeros(4, np.int64))
-    assert feed.next_batch()["x"][0].tolist() == list(range(2, 10))  # 8 of 12.
-    assert feed.next_batch()["x"][0].tolist() == [10, 11, 12, 13]  # The 4 left.
+    # Until `allow` (the learner's update compiled for larger sizes), the smallest only.
+    assert feed.next_batch()["x"][0].tolist() == [2, 3]
+    feed.allow(4)
+    feed.allow(8)
+    assert feed.next_batch()["x"][0].tolist() == list(range(4, 12))  # 8 of 10.
+    assert feed.next_batch()["x"][0].tolist() == [12, 13]  # The 2 left.
     assert feed.next_batch() is None
 
 

@@ -139,13 +139,15 @@ class UnrollBatcher:
         self._chunks.append(chunk)
         self._columns += next(iter(chunk.values())).shape[1]
 
-    def pop(self) -> dict[str, np.ndarray] | None:
-        """A full batch if enough columns are pending; the rest stays for the next one."""
+    def pop(self, limit: int | None = None) -> dict[str, np.ndarray] | None:
+        """A full batch, of at most `limit` columns, if enough columns are pending; the rest
+        stays for the next one."""
         if self._columns < self._sizes[0]:
             return None
         joined = {k: np.concatenate([c[k] for c in self._chunks], axis=1)
                   for k in self._chunks[0]}
-        b = max(size for size in self._sizes if size <= self._columns)
+        b = max(size for size in self._sizes
+                if size <= min(self._columns, limit or self._columns))
         rest = {k: v[:, b:] for k, v in joined.items()}
         self._columns -= b
         self._chunks = [rest] if self._columns else []
@@ -162,6 +164,10 @@ class UnrollFeed:
     came during the one before, instead of the oldest unrolls of a growing backlog, and the
     policy lag stays at a few updates.
 
+    Until `allow` raises it, the largest size is the smallest: the learner's update is
+    compiled for one size after another, and a batch of a size not compiled yet would make the
+    first update wait for its compilation.
+
     Each batch carries `POLICY_VERSION` [T + 1, B] besides the unrolls' fields. The versions
     wait beside the queue, not in it (a replay node's table holds the unroll's fields only):
     both queues are FIFO and this feed is their only writer, so they come out in step.
@@ -174,10 +180,15 @@ class UnrollFeed:
 
     def __init__(self, unrolls: UnrollQueue, sizes: tuple[int, ...], stop: StopEvent):
         self._unrolls = unrolls
-        self._min_columns, self._max_columns = sizes[0], sizes[-1]
+        self._min_columns = self._max_columns = sizes[0]
         self._batcher = UnrollBatcher(sizes)
         self._stop = stop
         self._versions: collections.deque[np.ndarray] = collections.deque()
+
+    def allow(self, columns: int) -> None:
+        """Batches of up to `columns` from now on (one of `sizes`: the update is compiled
+        for it)."""
+        self._max_columns = max(self._max_columns, columns)
 
     def put(self, chunk: dict[str, np.ndarray], versions: np.ndarray) -> None:
         """Queues one unroll [T + 1, K, ...] acted by params of `versions` [T + 1]; blocks
@@ -196,9 +207,10 @@ class UnrollFeed:
         while self._batcher.columns < self._min_columns:
             if not self._take(timeout_s=0.05):
                 return None
-        while self._batcher.columns < self._max_columns and self._take(timeout_s=0.0):
+        limit = self._max_columns  # One read: `allow` may raise it meanwhile.
+        while self._batcher.columns < limit and self._take(timeout_s=0.0):
             pass
-        return self._batcher.pop()
+        return self._batcher.pop(limit)
 
     def _take(self, timeout_s: float) -> bool:
         """Moves one unroll from the queue to the batcher; False if none came in time."""

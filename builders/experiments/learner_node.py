@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -177,12 +178,18 @@ class LearnerNode:
         queue_spec = builder.queue_spec()
         self._format = step_format(spec)
         self._stop = runtime.stop_event()
+        unrolls = (None if table is not None else UnrollFeed(
+            unroll_queue(queue_spec, config, client), batch_sizes(queue_spec, config),
+            self._stop))
+        self._feed: UnrollFeed | ReplayFeed = unrolls or ReplayFeed(
+            client, table.name, queue_spec.batch_size, self._stop)
         # Beside the state's init and the policy's compiles (see `_Compiling`).
         policy_compiled = threading.Event()
-        self._compiled = _Compiling(self._learner, [
-            self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
-            for size in batch_sizes(queue_spec, config)] if table is None else [],
-            after_first=policy_compiled, stop=self._stop)
+        self._compiled = _Compiling(self._learner, {} if unrolls is None else {
+            size: self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
+            for size in batch_sizes(queue_spec, config)},
+            after_first=policy_compiled, stop=self._stop,
+            on_compiled=(lambda size: None) if unrolls is None else unrolls.allow)
         self._checkpointer = None
         progress = None
         if checkpoints is not None:
@@ -199,10 +206,6 @@ class LearnerNode:
         # Pulling metrics syncs with the device: only once per log interval.
         self._log_timer = _Interval(config.log_every_s, due_now=True)
         self._rate = StepRate(self._counter.env_steps())
-        self._feed: UnrollFeed | ReplayFeed = (
-            UnrollFeed(unroll_queue(queue_spec, config, client),
-                       batch_sizes(queue_spec, config), self._stop) if table is None
-            else ReplayFeed(client, table.name, queue_spec.batch_size, self._stop))
         initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
         self._inference = InferenceServer(
             policy=builder.make_policy(networks),
@@ -362,26 +365,34 @@ class _Compiling:
     compiles and the env workers start. `first` is set once the smallest is compiled (or
     there is nothing to compile); the larger ones wait for `after_first` (the policy's
     compiles): nothing needs them before the first update, and beside the policy's they
-    take cores and device time from the compiles the first env step waits for."""
+    take cores and device time from the compiles the first env step waits for. Each size
+    compiled goes to `on_compiled` (the feed batches up to it from then on).
 
-    def __init__(self, learner: Any, batches: list[dict[str, Any]],
-                 after_first: threading.Event, stop: threading.Event):
+    Args:
+      batches: {batch size: the batch's shapes}, smallest first.
+    """
+
+    def __init__(self, learner: Any, batches: dict[int, dict[str, Any]],
+                 after_first: threading.Event, stop: threading.Event,
+                 on_compiled: Callable[[int], None]):
         self.first = threading.Event()
         if not batches:
             self.first.set()
-        self._thread = threading.Thread(target=self._run,
-                                        args=(learner, batches, after_first, stop),
-                                        name="compile")
+        self._thread = threading.Thread(
+            target=self._run, args=(learner, batches, after_first, stop, on_compiled),
+            name="compile")
         self._thread.start()
 
-    def _run(self, learner: Any, batches: list[dict[str, Any]],
-             after_first: threading.Event, stop: threading.Event) -> None:
+    def _run(self, learner: Any, batches: dict[int, dict[str, Any]],
+             after_first: threading.Event, stop: threading.Event,
+             on_compiled: Callable[[int], None]) -> None:
         try:
-            for i, batch in enumerate(batches):
+            for i, (size, batch) in enumerate(batches.items()):
                 while i == 1 and not after_first.wait(0.1):
                     if stop.is_set():
                         return  # The policy never compiled: the node is stopping.
                 learner.compile(batch)
+                on_compiled(size)
                 self.first.set()
         finally:
             self.first.set()  # A failed compile fails again, with its error, at the update.
