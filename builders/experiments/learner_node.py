@@ -181,7 +181,7 @@ class LearnerNode:
         unrolls = (None if table is not None else UnrollFeed(
             unroll_queue(queue_spec, config, client), batch_sizes(queue_spec, config),
             self._stop))
-        self._feed: UnrollFeed | ReplayFeed = unrolls or ReplayFeed(
+        self._feed: UnrollFeed | ReplayFeed = unrolls if unrolls is not None else ReplayFeed(
             client, table.name, queue_spec.batch_size, self._stop)
         # Beside the state's init and the policy's compiles (see `_Compiling`).
         policy_compiled = threading.Event()
