@@ -130,7 +130,7 @@ def parse_sweep(argv: Sequence[str]):
     except ValueError as e:
         raise UsageError(str(e)) from None
     return SweepSpec(
-        agent=run.options.agent, env=run.options.env, platform=run.options.platform,
+        agent=run.options.agent, platform=run.options.platform,
         env_factory=env_factory, options=run.saved_options(),
         experiment=run.experiment, agent_config=run.agent, search=search,
         sweep_dir=os.path.abspath(sweep_dir), scheduler=options.scheduler,

@@ -69,13 +69,8 @@ class DataParallelLearner:
     @functools.cached_property
     def _state(self) -> Any:
         # Made at first use (a second or so of compiling), so a learner that restores a
-        # checkpoint first does not pay for it twice. Assignments replace it. Made by the
-        # host's CPU, then placed: on a GPU machine compiling the init took 16 s of Pong's
-        # 68-s start-up (docs/benchmarks.md), before the policy could compile; threefry
-        # draws the same numbers on every backend.
-        cpu = jax.local_devices(backend="cpu")[0]
-        state = jax.jit(self._init)(jax.device_put(self._key, cpu))
-        return jax.device_put(state, self._replicated)
+        # checkpoint first does not pay for it twice. Assignments replace it.
+        return jax.jit(self._init, out_shardings=self._replicated)(self._key)
 
     def compile(self, batch: Mapping[str, Any]) -> None:
         """Compiles the update for batches shaped as `batch` (a tree of

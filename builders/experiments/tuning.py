@@ -57,9 +57,8 @@ class SweepSpec:
     """
 
     agent: str
-    env: str
     platform: str
-    env_factory: Any  # `env` with the command line's env settings (Atari's frame handling).
+    env_factory: Any  # The env with the command line's env settings (Atari's frame handling).
     options: dict[str, Any]  # The command line's options, as config.json records them.
     experiment: ExperimentConfig
     agent_config: Any

@@ -143,16 +143,6 @@ class Channel:
         self._sock.close()
 
 
-def _receive_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the peer closed the socket")
-        data += chunk
-    return data
-
-
 def connect(address: str, layout: Layout, hello: bytes, timeout_s: float = 10.0,
             row: int | None = None) -> Channel:
     """Creates the shared arrays of `layout` and hands them to the hub at `address`; or, with
@@ -282,8 +272,9 @@ class Hub:
                 hello, data = bytes(data[2:2 + length]), data[2 + length:]
             else:
                 assert self._fd is not None  # A hub with rows holds their mapping's fd.
-                length, row = struct.unpack("!Hq", _receive_exactly(sock, 10))
-                hello, data = _receive_exactly(sock, length), b""
+                data = sock.recv(10 + _HELLO_BYTES)  # Sent in one write, like the fd above.
+                length, row = struct.unpack("!Hq", data[:10])
+                hello, data = bytes(data[10:10 + length]), data[10 + length:]
                 if not 0 <= row < self.rows:
                     raise ConnectionError(f"row {row} not in [0, {self.rows})")
                 socket.send_fds(sock, [struct.pack("!q", self.rows)], [self._fd])
