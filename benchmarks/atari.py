@@ -2,11 +2,12 @@
 
 Usage: python benchmarks/atari.py [--agent impala] [--env envpool:Pong-v5] [--target 18]
        [--num_actors N] [--envs_per_actor 32] [--platform local_mp] [--budget_s 900]
-       [--sample_s 1] [-- extra run.py flags]
+       [--sample_s 1] [--curve_s 60] [--logdir DIR] [-- extra run.py flags]
 Runs `launch/run.py --agent=AGENT --preset=atari --env=ENV --stop_at_return=TARGET` (the
 command a user types, start-up included; docs/atari.md) until it reaches the target or the
 wall-time budget ends, sampling the GPU's busy fraction (`nvidia-smi`, where it exists) and
-the CPU's use (/proc/stat) every --sample_s while it runs. Prints what it measured, then one
+the CPU's use (/proc/stat) every --sample_s while it runs. Prints what it measured (the mean
+return every --curve_s seconds among it), then one
 JSON object as the last line. Issue 21's check: Pong's mean return 18 within 15 minutes of
 launch at >= 52,000 frames/s on a 16-core GPU machine.
 
@@ -84,6 +85,19 @@ def read_records(path: str) -> list[dict]:
         return []
 
 
+def return_curve(records: list[dict], launched: float, frame_skip: int, every_s: float
+                 ) -> list[tuple[float, int, float]]:
+    """(seconds from launch, frames, mean return) from the records with a mean return, at
+    most one per `every_s` seconds, and the last."""
+    scored = [r for r in records if r.get("return_mean") is not None]
+    points, last = [], None
+    for i, r in enumerate(scored):
+        if last is None or r["time"] - last >= every_s or i == len(scored) - 1:
+            points.append((r["time"] - launched, r["env_steps"] * frame_skip, r["return_mean"]))
+            last = r["time"]
+    return points
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agent", default="impala", help="an agent with --preset=atari")
@@ -98,12 +112,17 @@ def main() -> None:
                    help="wall-time budget from launch; the run is stopped at its end")
     p.add_argument("--sample_s", type=float, default=1.0,
                    help="seconds between GPU and CPU samples")
+    p.add_argument("--curve_s", type=float, default=60.0,
+                   help="seconds between the points of the printed return curve")
+    p.add_argument("--logdir", default=None,
+                   help="keep the run directory here (default: a temporary one, removed)")
     args, extra = p.parse_known_args()
     extra = [a for a in extra if a != "--"]
     cores = cpu_count()
     num_actors = args.num_actors or max(1, cores - 2)
 
-    with tempfile.TemporaryDirectory() as logdir:
+    with tempfile.TemporaryDirectory() as scratch:
+        logdir = args.logdir or scratch
         command = [sys.executable, os.path.join(REPO, "launch", "run.py"),
                    f"--agent={args.agent}", "--preset=atari", f"--env={args.env}",
                    f"--platform={args.platform}", f"--num_actors={num_actors}",
@@ -172,6 +191,7 @@ def main() -> None:
         "gpu_busy_steady": statistics.mean(gpu_steady) if gpu_steady else None,
         "cpu_busy": busy_fraction(cpu, launched),
         "cpu_busy_steady": busy_fraction(cpu, first_learning),
+        "return_curve": return_curve(records, launched, frame_skip, args.curve_s),
     }
     print(f"{args.agent} --preset=atari on {args.env}, {num_actors} x {args.envs_per_actor} "
           f"envs, {args.platform}, {cores} cores")
@@ -182,6 +202,8 @@ def main() -> None:
     print(f"  {result['env_steps']:,} env steps = {result['frames']:,} frames in "
           f"{result['wall_s']:.1f} s: {result['frames_per_s']:,.0f} frames/s from launch, "
           f"{steady or 0:,.0f} steady (after the first learner step)")
+    for seconds, frames, mean_return in result["return_curve"]:
+        print(f"  {seconds:6.0f} s  {frames:>12,} frames  mean return {mean_return:6.1f}")
     print(f"  start-up from the program's launch: first env step "
           f"{startup.get('first_env_step')} s, first learner step "
           f"{startup.get('first_learner_step')} s")
