@@ -9,6 +9,7 @@ import pytest
 
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.env_worker import restart_seed
 from trellis.builders.experiments.program import make_program
 from trellis.envs import EnvFactory
 from trellis.launch import runtime
@@ -54,3 +55,13 @@ def test_killed_env_worker_is_restarted_and_the_run_finishes(platform, capfd):
     assert stats["slot_resets"] == 1
     assert stats["env_steps"] >= config.total_env_steps
     assert stats["learner_steps"] > before["learner_steps"]
+
+
+def test_a_restarted_worker_seeds_its_envs_afresh_within_int32():
+    # envpool asserts int32 seeds; a restarted worker's first seeds drawn as uint32 broke it.
+    assert restart_seed(7, 0) == 7
+    seeds = [restart_seed(seed, restarts)
+             for seed in (0, 7, 2**31 - 1) for restarts in range(1, 200)]
+    assert len(set(seeds)) == len(seeds)
+    assert all(0 <= s < 2**31 for s in seeds)
+    assert max(seeds) >= 2**30  # Drawn over the whole range, not a few bits of it.

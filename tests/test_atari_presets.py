@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from trellis.agents.registry import AGENTS, agent_module
-from trellis.builders.contract.config import settings
+from trellis.builders.contract.config import ExperimentConfig, settings
 from trellis.builders.experiments.env_worker import _GymnasiumEnvs
 from trellis.envs import UnknownEnvError, make_env_factory
 from trellis.envs import atari as atari_envs
@@ -42,12 +42,13 @@ def documented_presets() -> dict[str, dict[str, str]]:
 
 
 def _setting(agent: str, name: str):
-    return next(s for cls in (agent_module(agent).Config, flags.AtariConfig)
+    return next(s for cls in (agent_module(agent).Config, flags.AtariConfig, ExperimentConfig)
                 for s in settings(cls) if s.name == name)
 
 
 def _resolved(run: flags.RunSettings, name: str):
-    return getattr(run.atari if hasattr(run.atari, name) else run.agent, name)
+    return getattr(next(c for c in (run.atari, run.experiment, run.agent) if hasattr(c, name)),
+                   name)
 
 
 def test_the_table_documents_every_preset_and_no_other():

@@ -313,9 +313,7 @@ class EnvWorker:
     def run(self) -> None:
         run_id = secrets.randbits(62)  # New process, new id: the server resets our slots.
         restarts = runtime.restart_count()
-        seed = self._seed
-        if restarts:
-            seed = int(np.random.SeedSequence((self._seed, restarts)).generate_state(1)[0])
+        seed = restart_seed(self._seed, restarts)
         spec = self._factory.spec()
         fmt = step_format(spec)
         envs = self._factory.make_vector(self._num_envs, seed=seed)
@@ -359,6 +357,14 @@ class EnvWorker:
                 return
             inputs, finished = envs.step(actions)
             self._steps += self._num_envs
+
+
+def restart_seed(seed: int, restarts: int) -> int:
+    """The envs' seed of a worker's run after `restarts` restarts: `seed` itself first, then
+    one drawn from (seed, restarts) in [0, 2^31), as envpool takes int32 seeds only."""
+    if not restarts:
+        return seed
+    return int(np.random.SeedSequence((seed, restarts)).generate_state(1)[0] >> 1)
 
 
 def shm_step(channel: shm.Channel, fmt: StepFormat, stop: StopEvent) -> Step:
