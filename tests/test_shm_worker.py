@@ -1,5 +1,6 @@
 """An env worker and the inference server through shared slots, and the worker's fallback."""
 
+import functools
 import threading
 import time
 
@@ -64,11 +65,11 @@ def _run_worker(server, address, stop: threading.Event, until) -> Inference:
     return inference
 
 
-def _server(unrolls, episodes, stop, shared_memory):
+def _server(unrolls, episodes, stop, shared_memory, act=policy):
     spec = EnvFactory("CartPole-v1").spec()
     specs = step_specs(spec, {"logits": ArraySpec((2,), "float32")})
     return InferenceServer(
-        jax.jit(policy), W, jax.random.PRNGKey(0), specs, 1, K, 10,
+        jax.jit(act), W, jax.random.PRNGKey(0), specs, 1, K, 10,
         lambda unroll, versions: unrolls.append(unroll), stop,
         on_steps=lambda n, done: episodes.extend(done),
         shared_memory=shm_layout(spec, K) if shared_memory else None)
@@ -110,3 +111,20 @@ def test_a_worker_that_cannot_reach_the_hub_says_so_once_and_uses_the_socket(cap
     assert len(lines) == 1, lines
     assert lines[0].startswith("env worker 0: no shared memory with the inference server (")
     assert lines[0].endswith("); stepping over the socket")
+
+
+@pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")
+def test_a_worker_that_connects_while_the_policy_compiles_keeps_shared_memory(monkeypatch):
+    # On a GPU, Pong's policy compiled for longer than a worker waits for the hub's answer.
+    monkeypatch.setattr(shm, "connect", functools.partial(shm.connect, timeout_s=0.5))
+
+    def slow_policy(params, key, obs, state, first):
+        time.sleep(1.5)  # While tracing: each batch size compiles for longer than 0.5 s.
+        return policy(params, key, obs, state, first)
+
+    unrolls, episodes, stop = [], [], threading.Event()
+    server = _server(unrolls, episodes, stop, shared_memory=True, act=slow_policy)
+    server.start()
+    inference = _run_worker(server, server.shm_address(), stop, lambda: len(unrolls) >= 3)
+    server.join(30)
+    assert inference.rpc_steps == 0

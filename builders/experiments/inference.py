@@ -489,7 +489,14 @@ class InferenceServer:
                 jax.block_until_ready(self._act(*args))
 
         with concurrent.futures.ThreadPoolExecutor(len(self._batch_sizes), "compile") as pool:
-            for done in [pool.submit(run, n) for n in self._batch_sizes]:
+            compiling = [pool.submit(run, n) for n in self._batch_sizes]
+            # Workers connect and send their first steps meanwhile: take them now. A hub
+            # answers a connecting worker only when polled, and a worker gives up on shared
+            # memory after 10 s (Pong's policy compiled for 25 s on a GPU: 13 of 14 workers
+            # fell back to the socket).
+            while not all(done.done() for done in compiling):
+                self._pending += self._ready(0.1)
+            for done in compiling:
                 done.result()
 
     def _serve_until_stopped(self) -> None:
