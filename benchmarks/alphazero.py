@@ -9,8 +9,10 @@ it and stopped with Ctrl-C (SIGINT: a final checkpoint) M minutes after its laun
 compilation included (or at its first metrics record, if its start-up took longer); the
 checkpoint's search then plays `--games` games against each baseline of
 agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations, minimax on
-tic-tac-toe), half of them moving first. Prints a line per baseline, then one JSON
-line: {"vs_minimax": {"win", "draw", "loss"}, "vs_random": ..., "vs_mcts": ..., "train": ...}.
+tic-tac-toe), half of them moving first; against minimax it also follows every line of
+minimax's optimal moves from both sides (`baselines.minimax_lines`: exact, where 100 games
+sample). Prints a line per baseline, then one JSON line: {"vs_minimax": {"win", "draw",
+"loss"}, "minimax_lines": {"positions", "lost"}, "vs_random": ..., "vs_mcts": ..., "train": ...}.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax
 from common import child_process
 
 from trellis.agents.alphazero import AlphaZeroBuilder
+from trellis.agents.alphazero.baselines import minimax_lines
 from trellis.builders.experiments.rundir import read_json
 from trellis.builders.experiments.self_play_run import outcome_rates, restore_params
 from trellis.launch.flags import load_run
@@ -98,6 +101,12 @@ def main() -> None:
         print(f"vs {name:<8} win {rates['win']:.2f}  draw {rates['draw']:.2f}  loss "
               f"{rates['loss']:.2f}  ({args.games} games, {time.monotonic() - started:.0f} s; "
               f"checkpoint at {step:,d} moves)", flush=True)
+    if "minimax" in baselines:
+        player = builder.make_search_player(program.networks, program.env, params)
+        positions, lost = minimax_lines(program.env, player, jax.random.key(args.seed))
+        out["minimax_lines"] = {"positions": positions, "lost": lost}
+        print(f"vs minimax's every optimal line, from both sides: {lost} of its moves in "
+              f"{positions} positions lose a drawn game", flush=True)
     print(json.dumps(out))
 
 

@@ -182,6 +182,26 @@ def test_minimax_draws_against_itself():
     np.testing.assert_array_equal(outcomes, 0)
 
 
+def test_minimax_lines_count_the_moves_that_lose_a_drawn_game():
+    env = pgx.make("tic_tac_toe")
+    optimal = jnp.asarray(baselines.minimax_table()[1])
+
+    def first_optimal_move_except(board: int, move: int):
+        def player(key, state):
+            index = baselines.board_index(state.observation)
+            return jnp.where(index == board, move, jnp.argmax(optimal[index], axis=-1))
+        return player
+
+    positions, lost = baselines.minimax_lines(env, first_optimal_move_except(-1, 0),
+                                              jax.random.key(0))
+    assert positions > 9 and lost == 0
+    # Second to move after the opponent's corner, only the centre draws (hand-checked above);
+    # minimax may open in the corner, so the edge there is exactly one lost game.
+    _, lost = baselines.minimax_lines(env, first_optimal_move_except(_index("o........"), 1),
+                                      jax.random.key(0))
+    assert lost == 1
+
+
 @pytest.mark.slow
 def test_minimax_never_loses_to_random():
     env = pgx.make("tic_tac_toe")
@@ -270,7 +290,7 @@ def test_games_are_for_self_play_agents_only():
 
 # The tic-tac-toe settings docs/alphazero.md reports (benchmarks/alphazero.py passes them on).
 TIC_TAC_TOE_FLAGS = ["--search_policy=gumbel", "--num_simulations=64", "--unroll_length=9",
-                     "--eval_every_updates=0"]
+                     "--replay_size=1000000", "--eval_every_updates=0"]
 
 
 @pytest.mark.slow
@@ -283,3 +303,4 @@ def test_tic_tac_toe_loses_no_game_to_minimax_after_10_minutes():
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["vs_minimax"]["loss"] == 0.0, result
+    assert result["minimax_lines"]["lost"] == 0, result  # Not on any line minimax allows.
