@@ -60,10 +60,12 @@ def _reference_recurrent_fn(env, network):
 
 
 @pytest.mark.parametrize("search,evaluation", [
-    ("muzero", False), pytest.param("gumbel", True, marks=pytest.mark.slow)])
+    ("muzero", False), ("muzero", True), pytest.param("gumbel", True, marks=pytest.mark.slow)])
 def test_search_policy_equals_mctx(search, evaluation):
     env = pgx.make("tic_tac_toe")
-    config = AlphaZeroConfig(search_policy=search, num_simulations=8)
+    # 8 simulations either way: self-play's num_simulations, evaluation's eval_simulations.
+    config = AlphaZeroConfig(search_policy=search, num_simulations=4 if evaluation else 8,
+                             eval_simulations=8 if evaluation else 5)
     builder = AlphaZeroBuilder(config)
     network = builder.make_networks(make_env_factory("pgx:tic_tac_toe").spec())
     state = _positions(env, jax.random.key(1), 8, 3)
@@ -80,7 +82,8 @@ def test_search_policy_equals_mctx(search, evaluation):
         if search == "muzero":
             return mctx.muzero_policy(
                 params, key, root, recurrent_fn, 8, invalid_actions=~state.legal_action_mask,
-                dirichlet_fraction=0.25, dirichlet_alpha=0.3, temperature=1.0)
+                dirichlet_fraction=0.0 if evaluation else 0.25, dirichlet_alpha=0.3,
+                temperature=0.0 if evaluation else 1.0)
         return mctx.gumbel_muzero_policy(
             params, key, root, recurrent_fn, 8, invalid_actions=~state.legal_action_mask,
             gumbel_scale=0.0)

@@ -67,6 +67,9 @@ class AlphaZeroConfig(AgentConfig):
         "random", "who the evaluation plays: random, mcts (random roll-outs) or minimax "
         "(tic-tac-toe only)", choices=OPPONENTS)
     mcts_simulations: int = setting(200, "simulations of the roll-out MCTS baseline", ge=1)
+    eval_simulations: int = setting(
+        0, "simulations of each move's search when it plays a baseline (in-run evaluations, "
+        "evaluate.py, benchmarks/alphazero.py); 0: num_simulations", ge=0)
 
     def check(self) -> None:
         if self.min_replay_size > self.replay_size:

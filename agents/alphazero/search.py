@@ -48,9 +48,11 @@ def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: boo
 
     Self-play explores: Dirichlet noise at the root and moves sampled from the visit counts
     (muzero), or Gumbel noise (gumbel). Evaluation does not: the most visited move (muzero),
-    sequential halving without noise (gumbel).
+    sequential halving without noise (gumbel), with `eval_simulations` where it is set.
     """
     recurrent_fn = make_recurrent_fn(env, network)
+    simulations = (config.eval_simulations or config.num_simulations if evaluation
+                   else config.num_simulations)
 
     def search(params, key, state) -> mctx.PolicyOutput:
         logits, value = network.apply(params, state.observation)
@@ -59,12 +61,11 @@ def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: boo
         invalid = ~state.legal_action_mask
         if config.search_policy == "gumbel":
             return mctx.gumbel_muzero_policy(
-                params, key, root, recurrent_fn, config.num_simulations,
-                invalid_actions=invalid,
+                params, key, root, recurrent_fn, simulations, invalid_actions=invalid,
                 max_num_considered_actions=config.max_considered_actions,
                 gumbel_scale=0.0 if evaluation else 1.0)
         return mctx.muzero_policy(
-            params, key, root, recurrent_fn, config.num_simulations, invalid_actions=invalid,
+            params, key, root, recurrent_fn, simulations, invalid_actions=invalid,
             dirichlet_fraction=0.0 if evaluation else config.dirichlet_fraction,
             dirichlet_alpha=config.dirichlet_alpha, pb_c_init=config.pb_c_init,
             temperature=0.0 if evaluation else 1.0)
