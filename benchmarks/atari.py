@@ -7,9 +7,9 @@ Runs `launch/run.py --agent=AGENT --preset=atari --env=ENV --stop_at_return=TARG
 command a user types, start-up included; docs/atari.md) until it reaches the target or the
 wall-time budget ends, sampling the GPU's busy fraction (`nvidia-smi`, where it exists) and
 the CPU's use (/proc/stat) every --sample_s while it runs. Prints what it measured (the mean
-return every --curve_s seconds among it), then one
-JSON object as the last line. Issue 21's check: Pong's mean return 18 within 15 minutes of
-launch at >= 52,000 frames/s on a 16-core GPU machine.
+return every --curve_s seconds among it), then one JSON object as the last line. Issue 21's
+check: Pong's mean return 18 within 15 minutes of launch at >= 52,000 frames/s on a 16-core
+GPU machine.
 
 Stopping the benchmark (Ctrl-C, SIGTERM) stops run.py and its nodes (benchmarks/common.py's
 `child_process`).

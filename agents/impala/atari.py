@@ -19,8 +19,9 @@ ATARI = {
     "batch_size": 32,
     # The paper's 32 unrolls per update, not auto's 128-256 with 14 x 32 envs: the deep
     # torso's update over 256 unrolls needs 27 GiB of temporaries (its compiled memory
-    # analysis) and ran an H100 (80 GB) out of memory, and with pixels the learner outpaces
-    # the envs at 32 (docs/atari.md), so auto would only give fewer updates per frame.
+    # analysis) and ran an H100 (80 GB) out of memory, and at 32 the learner still waits for
+    # the envs (Pong on an H200: queue mostly empty, GPU 22% busy; docs/atari.md), so auto would
+    # only give fewer updates per frame.
     "learner_batch": "fixed",
     "discount": 0.99,
     "reward_clip": 1.0,
