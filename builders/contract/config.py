@@ -256,8 +256,12 @@ class ExperimentConfig(Config):
         "none: no target; auto (run.py's default): the env's Gymnasium reward_threshold")
     return_window: int = setting(
         100, "episodes in the mean return used for stopping and reports", ge=1)
+    # 0.25 ms, not 2: the wait is on every worker's path, and with 32 sleep:20 workers on 2
+    # cores 2 ms held the steady rate at 0.74-0.76 of ideal where 0-0.25 ms gave 0.85
+    # (docs/benchmarks.md, "Many workers on 2 cores"); CartPole learned no slower.
     inference_timeout_ms: float = setting(
-        2.0, "inference batching: wait at most this long for more workers to join a batch", ge=0)
+        0.25, "inference batching: wait at most this long for more workers to join a batch",
+        ge=0)
     transport: str = setting(
         "shm", "how env workers on the learner's host reach inference: shared memory (shm; the "
         "socket where it cannot be had) or the RPC socket (socket)", choices=TRANSPORTS)
