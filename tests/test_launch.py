@@ -7,6 +7,7 @@ import glob
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -380,3 +381,20 @@ def test_node_context_outside_nodes():
         event.clear()  # the process-global default event; other tests must see it clear
     with pytest.raises(TypeError, match="dict"):
         runtime.request_stop("bad", info=[1])
+
+
+def test_free_ports_are_distinct_bindable_and_clear_of_ephemeral_ports():
+    # A node binds its port later; outgoing connections take ephemeral ports meanwhile (64
+    # env workers connecting once took an actor's).
+    ports = [rpc.free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except OSError:
+        low = None
+    if low is not None and low > 11000:
+        assert all(10000 <= p < low for p in ports)
+    for port in ports[:20]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

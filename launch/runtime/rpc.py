@@ -139,12 +139,52 @@ def connect(label: str, address: Address, timeout_s: float = 60.0) -> Client:
     raise TypeError(f"unknown address type {type(address).__name__} for node '{label}'")
 
 
+# Ports this process has handed out, so that it never hands one out twice before its node
+# binds it.
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a port that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Returns a port that was free a moment ago, below the kernel's ephemeral range where
+    Linux says what it is.
+
+    The node binds the port later; an ephemeral port could be taken meanwhile by any outgoing
+    connection (64 env workers connecting to the learner took one: "Address already in use"
+    at an actor's bind), a port below that range only by another server.
+    """
+    rng = np.random.default_rng()
+    low = _ephemeral_low()
+    for _ in range(100 if low > _LOWEST_PORT + 1000 else 0):
+        port = int(rng.integers(_LOWEST_PORT, low))
+        if port not in _handed_out and _bindable(host, port):
+            _handed_out.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # Elsewhere: the kernel's.
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        port = sock.getsockname()[1]
+    _handed_out.add(port)
+    return port
+
+
+_LOWEST_PORT = 10000  # Clear of the well-known and most registered services' ports.
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range, or 0 where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def resolve_method(instance: Any, name: str, label: str) -> Callable[..., Any]:
