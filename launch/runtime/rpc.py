@@ -161,7 +161,7 @@ def free_port(host: str = "127.0.0.1") -> int:
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # Elsewhere: the kernel's.
         sock.bind((host, 0))
-        port = sock.getsockname()[1]
+        port = int(sock.getsockname()[1])
     _handed_out.add(port)
     return port
 
