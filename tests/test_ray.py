@@ -4,6 +4,7 @@ and stops; same results, restarts and errors as local_mp, and no Ray process lef
 import contextlib
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -150,13 +151,15 @@ def _stop_ray_nodes(procs: list[subprocess.Popen]) -> None:
         proc.wait()
 
 
-def _ray_start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """`ray start ... --block` in a session of its own (so killpg ends its whole tree)."""
+def _ray_start(args: list[str], env: dict[str, str], log: pathlib.Path) -> subprocess.Popen:
+    """`ray start ... --block` in a session of its own (so killpg ends its whole tree), its
+    output to `log` (a head that refuses its port otherwise leaves the driver waiting mute)."""
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    return subprocess.Popen(
-        [ray_bin, "start", *args, "--node-ip-address=127.0.0.1", "--block",
-         "--disable-usage-stats", "--object-store-memory=100000000"],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [ray_bin, "start", *args, "--node-ip-address=127.0.0.1", "--block",
+             "--disable-usage-stats", "--object-store-memory=100000000"],
+            env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
 
 
 # Run in a fresh Python: a process that already started and shut down a local Ray instance
@@ -197,7 +200,7 @@ print(json.dumps(placed))
 """
 
 
-def test_groups_land_on_the_nodes_with_their_resources(mark):
+def test_groups_land_on_the_nodes_with_their_resources(tmp_path, mark):
     """A head with a custom "learner" resource and a CPU-only second node (both on loopback):
     the learner group goes to the head, the env-worker group to the other node. Until the
     learner group was placed first, an env worker could take the head's only CPU and leave the
@@ -208,13 +211,15 @@ def test_groups_land_on_the_nodes_with_their_resources(mark):
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     port = rpc.free_port()
     address = f"127.0.0.1:{port}"
+    logs = [tmp_path / "head.log", tmp_path / "node.log"]
     procs = [_ray_start(["--head", f"--port={port}", "--num-cpus=1", '--resources={"learner": 1}',
-                         "--include-dashboard=false"], env)]
+                         "--include-dashboard=false"], env, logs[0])]
     try:
-        procs.append(_ray_start([f"--address={address}", "--num-cpus=3"], env))
+        procs.append(_ray_start([f"--address={address}", "--num-cpus=3"], env, logs[1]))
         out = subprocess.run([sys.executable, "-c", PLACEMENT_SCRIPT, address], env=env,
                              capture_output=True, text=True, timeout=240, cwd=REPO)
-        assert out.returncode == 0, out.stderr[-4000:]
+        assert out.returncode == 0, (out.stderr[-3000:] + "\nhead: "
+                                     + logs[0].read_text(errors="replace")[-1500:])
         placed = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         _stop_ray_nodes(procs)

@@ -166,7 +166,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     return port
 
 
-_LOWEST_PORT = 10000  # Clear of the well-known and most registered services' ports.
+# Above the well-known ports and Ray's worker ports (10002-19999 by default): Ray refuses a
+# head's GCS port in that range, and its workers bind there on every node.
+_LOWEST_PORT = 20000
 
 
 def _ephemeral_low() -> int:
