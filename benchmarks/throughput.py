@@ -23,11 +23,13 @@ import time
 
 from common import cpu_count, rounded
 
-from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.builders.experiments.program import make_program
 from trellis.envs import EnvFactory
 from trellis.launch import runtime
+
+# Only light imports at module level, as in launch/run.py: local_mp's spawned node processes
+# re-run this module's top level (and scaling.py's, which imports it), and 32 env workers each
+# importing JAX on 2 cores took ~20 s from the learner's start of issue 21's scaling check.
 
 # The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py):
 # its main path on a budget of seconds.
@@ -57,6 +59,9 @@ def pipeline(factory: EnvFactory, platform_name: str, transport: str, args, lear
     from the first learner stats that show an update (an env step when not learning) to the
     end, so it is the rate a long run settles to.
     """
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.builders.experiments.program import make_program
+
     config = ExperimentConfig(
         num_actors=args.num_actors,
         envs_per_actor=args.envs_per_actor,

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("agents", "builders", "launch", "envs", "reverb_tables")
 # The three command lines register the clone as `trellis` when run as files (see their tops).
@@ -26,6 +28,21 @@ def test_runtime_imports_no_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.expanduser("~"), timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("script", ["launch/run.py", "benchmarks/throughput.py",
+                                    "benchmarks/scaling.py"])
+def test_scripts_that_launch_local_mp_import_no_jax_at_module_level(script):
+    # A spawned node process re-runs its launcher's main module as __mp_main__: a main module
+    # that imports JAX costs every env worker ~1 s of CPU (32 workers on 2 cores: ~20 s).
+    path = REPO / script
+    code = (f"import runpy, sys; sys.path.insert(0, {str(path.parent)!r}); "
+            f"runpy.run_path({str(path)!r}, run_name='__mp_main__'); "
+            "bad = sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
 
 
 def test_no_sys_path_edits_outside_the_scripts():
