@@ -4,6 +4,7 @@ import dataclasses
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -22,7 +23,7 @@ from trellis.builders.experiments.feeds import (
     batch_sizes,
     max_unrolls,
 )
-from trellis.builders.experiments.learner_node import PolicyLag
+from trellis.builders.experiments.learner_node import PolicyLag, out_of_memory_message
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.unroll_queue import LocalUnrollQueue
 from trellis.envs import EnvFactory
@@ -201,3 +202,23 @@ def test_feed_put_on_a_full_queue_gives_up_at_the_stop():
     blocked.join(timeout=10)
     assert not blocked.is_alive(), "put must return once the program stops"
     assert feed.size() == 1
+
+
+def test_out_of_memory_names_the_setting_that_made_the_update_large():
+    # An H100 run (issue 21) stopped on XLA's line alone: --learner_batch=auto had grown the
+    # IMPALA resnet's update to 256 unrolls.
+    oom = jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6.54GiB.\nmore detail")
+    auto, fixed = ExperimentConfig(), ExperimentConfig(learner_batch="fixed")
+    assert out_of_memory_message(oom, 256, auto, 32) == (
+        "the learner's update on a batch of 256 unrolls ran out of device memory "
+        "(RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6.54GiB.): "
+        "--learner_batch=auto grew it to 256 unrolls; --learner_batch=fixed keeps it at "
+        "--batch_size=32")
+    for config, unrolls in ((auto, 32), (fixed, 32)):  # Already the smallest batch.
+        assert out_of_memory_message(oom, unrolls, config, 32).endswith(
+            "lower --batch_size or --unroll_length")
+    assert out_of_memory_message(oom, None, auto, 32).startswith(
+        "the learner's update ran out of device memory (")
+    assert out_of_memory_message(jax.errors.JaxRuntimeError("INTERNAL: boom"), 256, auto,
+                                 32) is None

@@ -48,6 +48,31 @@ class NonFiniteLossError(RuntimeError):
     """A learner update gave NaN or Inf metrics; the run stops without checkpointing it."""
 
 
+class DeviceMemoryError(RuntimeError):
+    """A learner update ran out of accelerator memory; the message names what shrinks it."""
+
+
+def out_of_memory_message(error: Exception, unrolls: int | None, config: ExperimentConfig,
+                          batch_size: int) -> str | None:
+    """What to tell the user when `error`, raised by an update on `unrolls` unrolls (None:
+    sampled from replay), is XLA's out-of-memory (RESOURCE_EXHAUSTED); None otherwise.
+
+    XLA's own line names an allocation, not the setting that made the update that large.
+    """
+    lines = str(error).strip().splitlines()
+    if not lines or "RESOURCE_EXHAUSTED" not in lines[0]:
+        return None
+    if unrolls is None:
+        cure = "lower the agent's batch size or network"
+    elif config.learner_batch == "auto" and unrolls > batch_size:
+        cure = (f"--learner_batch=auto grew it to {unrolls} unrolls; --learner_batch=fixed "
+                f"keeps it at --batch_size={batch_size}")
+    else:
+        cure = "lower --batch_size or --unroll_length"
+    where = "" if unrolls is None else f" on a batch of {unrolls} unrolls"
+    return f"the learner's update{where} ran out of device memory ({lines[0]}): {cure}"
+
+
 class FiniteCheck:
     """Checks each learner update's metrics for NaN and Inf, one update late.
 
@@ -176,6 +201,7 @@ class LearnerNode:
         self._learner = builder.make_learner(networks, spec, learner_key,
                                              replay=None if table is None else client)
         queue_spec = builder.queue_spec()
+        self._batch_size = queue_spec.batch_size
         self._format = step_format(spec)
         self._stop = runtime.stop_event()
         unrolls = (None if table is not None else UnrollFeed(
@@ -334,7 +360,14 @@ class LearnerNode:
             # Learner steps change only on this thread: this update is the snapshot's next.
             if versions is not None:
                 self._lag.add(versions, snapshot.learner_steps)
-            metrics = self._learner.step(batch)
+            try:
+                metrics = self._learner.step(batch)
+            except jax.errors.JaxRuntimeError as e:
+                unrolls = None if versions is None else versions.shape[1]
+                message = out_of_memory_message(e, unrolls, self._config, self._batch_size)
+                if message is None:
+                    raise
+                raise DeviceMemoryError(message) from e
             self._inference.set_params(self._learner.params, snapshot.learner_steps + 1)
             self._counter.add_learner_step()
             self._finite.add(metrics, snapshot.learner_steps + 1)
