@@ -12,8 +12,12 @@ load JAX; JaxMARL (the `marl` extra) is imported when an env is built.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import io
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 from trellis.envs.errors import UnknownEnvError, check_registered
@@ -32,11 +36,26 @@ def is_jaxmarl_id(env_id: str) -> bool:
 
 def _jaxmarl():
     try:
-        import jaxmarl
+        with _quiet_import():
+            import jaxmarl
     except ImportError as e:
         raise UnknownEnvError(
             "jaxmarl envs need the jaxmarl package: pip install -e '.[marl]'") from e
     return jaxmarl
+
+
+@contextlib.contextmanager
+def _quiet_import() -> Iterator[None]:
+    """JaxMARL's import prints two lines about optional submodules (into run.py's progress),
+    and its mabrax module sets sys.stdout and sys.stderr to sys.__stdout__ and sys.__stderr__
+    (a notebook's prints would leave the notebook from then on): the lines go nowhere, and the
+    streams are put back."""
+    saved = sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__
+    sys.stdout = sys.__stdout__ = io.StringIO()
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,9 @@ stepped directly."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +26,18 @@ def test_simple_spread_spec():
         assert spec.specs[agent].observation_shape == (18,)
         assert spec.specs[agent].num_actions == 5
     assert spec.global_state_shape == (54,)  # The three observations.
+
+
+def test_building_an_env_prints_nothing_and_keeps_the_streams():
+    # JaxMARL's import prints two lines about its optional submodules (they went into run.py's
+    # progress) and resets sys.stdout and sys.stderr to the interpreter's own.
+    code = ("import io, sys; from trellis.envs import make_env_factory; "
+            "mine = sys.stderr = io.StringIO(); "
+            f"make_env_factory({SPREAD!r}).make(); "
+            "kept = sys.stderr is mine; sys.stderr = sys.__stderr__; assert kept")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr[-2000:]
 
 
 def test_unknown_ids_name_close_matches():
