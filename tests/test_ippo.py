@@ -44,6 +44,8 @@ def random_return(env_id: str, episodes: int = 500) -> float:
      "names policy 'b', which is not one of the policies ['a', 'c']"),
     ([f"--env={SPREAD}", "--policy_mapping=adversary_*=adv,agent_*=good"],
      "pattern 'adversary_*' matches no agent"),
+    ([f"--env={SPREAD}", "--agent=mappo", "--shared_torso=true"],
+     "--shared_torso must be false with the centralised critic"),
 ])
 def test_bad_runs_are_one_line_and_exit_2(argv, message, capsys, tmp_path):
     assert run.main(["--agent=ippo", "--platform=anakin", f"--logdir={tmp_path}",

@@ -9,9 +9,7 @@ from nbclient import NotebookClient
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# warehouses (22 s) in the slow suite: its env and agents learn in tests/test_multi_agent*.py.
-@pytest.mark.parametrize("name", ["quickstart", "custom_agent",
-                                  pytest.param("warehouses", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["quickstart", "custom_agent", "warehouses"])
 def test_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("TRELLIS_RUNS", str(tmp_path))  # Runs go here, not into the clone.
     path = os.path.join(REPO, "notebooks", f"{name}.ipynb")

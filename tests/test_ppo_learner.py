@@ -56,6 +56,26 @@ def test_one_update_changes_params_with_finite_metrics():
     assert metrics["entropy"] > 0.6  # Near log(2): the small policy init starts near uniform.
 
 
+def test_a_shared_torso_is_one_torso_that_the_value_loss_trains_too():
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    nets = {shared: PPOBuilder(PPOConfig(shared_torso=shared)).make_networks(CARTPOLE)
+            for shared in (False, True)}
+    params = {shared: net.init(jax.random.PRNGKey(0)) for shared, net in nets.items()}
+    # Two torsos and two heads apart; one torso and the two heads shared.
+    assert len(params[False]["params"]) == 4 and len(params[True]["params"]) == 3
+    head_sizes = {k: v["kernel"].shape for k, v in params[True]["params"].items()
+                  if k.startswith("Dense")}
+    assert sorted(head_sizes.values()) == [(64, 1), (64, 2)], head_sizes
+
+    def value_loss(p, shared):
+        return jax.numpy.sum(nets[shared].apply(p, obs)[1] ** 2)
+
+    for shared, torso in ((True, "policy_torso"), (False, "policy_torso")):
+        grads = jax.grad(value_loss)(params[shared], shared)["params"][torso]
+        reached = any(np.abs(g).max() > 0 for g in jax.tree.leaves(grads))
+        assert reached == shared  # Apart, the value loss leaves the policy's torso alone.
+
+
 
 def test_one_minibatch_takes_one_step_on_the_whole_batch_in_any_order():
     """With one minibatch the update skips the shuffle: one Adam step on all T * B transitions,

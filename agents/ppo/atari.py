@@ -10,10 +10,11 @@ costs, Adam's epsilon 1e-5.
 
 What neither source shares with Trellis (docs/atari.md): the learning rate is constant here
 (both anneal it linearly to 0), the conv torso is PPO's default (the 2013 DQN paper's smaller
-one, not the Nature DQN's of both sources), cleanrl's actor and critic share one torso
-(Trellis's PPO networks keep two), Sample Factory normalises returns, and its Atari run turns
-V-trace off (`with_vtrace=False`, synchronous): APPO keeps V-trace, its reason to exist;
-Sample Factory's run without it is `--agent=ppo`.
+one, not the Nature DQN's of both sources), Sample Factory normalises returns, and its Atari
+run turns V-trace off (`with_vtrace=False`, synchronous): APPO keeps V-trace, its reason to
+exist; Sample Factory's run without it is `--agent=ppo`. As in both, the actor and the critic
+share one torso (`shared_torso`: cleanrl's network, Sample Factory's default
+`actor_critic_share_weights=True`).
 """
 
 # The settings both sources use.
@@ -33,6 +34,7 @@ _COMMON = {
     "discount": 0.99,
     "gae_lambda": 0.95,
     "normalize_advantages": True,
+    "shared_torso": True,
     "reward_clip": 1.0,
     # The env (stable-baselines3's Atari wrappers in both): a lost life ends an episode, 4
     # frames skipped (max-pooled) and 4 stacked, 84 x 84 grey, up to 30 no-ops, NoFrameskip-v4

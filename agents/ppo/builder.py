@@ -26,8 +26,9 @@ class PPOBuilder(AgentBuilder):
     config: PPOConfig
 
     def make_networks(self, spec: EnvSpec) -> PPONetworks:
-        return make_networks(spec, self.config.hidden_sizes, self.config.normalize_observations,
-                             self.config.pixel_torso)
+        c = self.config
+        return make_networks(spec, c.hidden_sizes, c.normalize_observations, c.pixel_torso,
+                             c.shared_torso)
 
     def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
         """What the inference server records per step beside the action.

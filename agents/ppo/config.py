@@ -38,6 +38,10 @@ class PPOConfig(AgentConfig):
         "(the IMPALA paper's deep residual torso) or minatar (the MinAtar paper's one 3x3 conv "
         "and 128 units, for its 10x10 grids)", choices=("nature", "resnet", "minatar"))
 
+    shared_torso: bool = setting(
+        False, "the policy and value heads on one torso, trained by both losses (cleanrl's "
+        "Atari PPO and Sample Factory share it); false: a torso each")
+
     # Optimisation per batch: `num_epochs` passes, each over `num_minibatches` minibatches
     # of the batch's T * B transitions, shuffled.
     num_epochs: int = setting(4, "passes over each batch", ge=1)

@@ -81,6 +81,9 @@ class IPPOConfig(PolicyMappingConfig, PPOConfig):
         if self.centralised_critic and self.normalize_observations:
             raise self.invalid("normalize_observations",
                                "false with the centralised critic (mappo's network has none)")
+        if self.centralised_critic and self.shared_torso:
+            raise self.invalid("shared_torso", "false with the centralised critic (it reads "
+                               "the global state, the actor the agent's own observation)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +150,7 @@ def make_multi_agent_networks(spec: MultiAgentSpec, config: IPPOConfig) -> Multi
     policies = {}
     for group in groups:
         networks = make_networks(group.spec, config.hidden_sizes, config.normalize_observations,
-                                 config.pixel_torso)
+                                 config.pixel_torso, config.shared_torso)
         if config.centralised_critic:
             actor_size = group.spec.observation_shape[0]
             net = ActorCritic(

@@ -96,10 +96,11 @@ class DiagonalGaussian:
 
 
 class ActorCritic(nn.Module):
-    """Policy head on one torso, value head on another (no shared features to fight over)."""
+    """Policy head on one torso, value head on another (no shared features to fight over), or
+    both heads on the policy's torso where `value_torso` is None."""
 
     policy_torso: nn.Module
-    value_torso: nn.Module
+    value_torso: nn.Module | None
     num_outputs: int
     gaussian: bool
     normalizer: nn.Module | None = None
@@ -110,15 +111,14 @@ class ActorCritic(nn.Module):
             obs = self.normalizer(obs)
         # Small policy init: actions start near uniform (or mean 0), as in the PPO paper's
         # code; the value head starts at unit scale.
-        out = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01))(
-            self.policy_torso(obs)
-        )
+        features = self.policy_torso(obs)
+        out = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01))(features)
         if self.gaussian:
             log_std = self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
             out = (out, jnp.broadcast_to(log_std, out.shape))
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(
-            self.value_torso(obs)
-        )[..., 0]
+        if self.value_torso is not None:
+            features = self.value_torso(obs)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(features)[..., 0]
         return out, value
 
 
@@ -133,12 +133,13 @@ class PPONetworks:
 
 
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
-                  normalize_observations: bool = False, pixel_torso: str = "nature"
-                  ) -> PPONetworks:
+                  normalize_observations: bool = False, pixel_torso: str = "nature",
+                  shared_torso: bool = False) -> PPONetworks:
     """Categorical policy for Discrete actions, diagonal Gaussian for 1-D Box actions; with
     `normalize_observations`, vector observations are normalised by running moments that the
     learner keeps in the params' "obs_norm" collection (`ObservationNormalizer`); pixel
-    observations go through the torso `pixel_torso` names (`agents.common.make_torso`).
+    observations go through the torso `pixel_torso` names (`agents.common.make_torso`); one
+    torso for both heads with `shared_torso`, else one each.
 
     Raises:
       ValueError: Box actions of rank other than 1, or without finite bounds.
@@ -158,7 +159,7 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
         distribution = DiagonalGaussian(spec.action_low, spec.action_high)
     net = ActorCritic(
         policy_torso=make_torso(spec, hidden_sizes, pixel_torso),
-        value_torso=make_torso(spec, hidden_sizes, pixel_torso),
+        value_torso=None if shared_torso else make_torso(spec, hidden_sizes, pixel_torso),
         num_outputs=num_outputs,
         gaussian=not spec.discrete,
         normalizer=(ObservationNormalizer(spec.observation_shape)
