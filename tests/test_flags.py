@@ -49,7 +49,7 @@ def owners(name):
 
 
 # Settings an agent's preset fixes: any other value is refused in one line (tested below).
-PINNED = {("iimpala", "core"), ("mappo", "normalize_observations")}
+PINNED = {("iimpala", "core"), ("mappo", "normalize_observations"), ("mappo", "shared_torso")}
 
 
 def _text(value):
