@@ -81,13 +81,16 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: parses `argv` (default: sys.argv), trains; returns the exit code."""
+    from trellis.builders.experiments.xla_flags import FAST_GPU_AUTOTUNE, xla_flags_unless_set
+
     argv = sys.argv[1:] if argv is None else list(argv)
     cores = contextlib.nullcontext()
     if platform_of(argv) == ANAKIN:
         from trellis.builders.experiments.anakin_run import use_cpu_cores
 
         cores = use_cpu_cores()
-    with cores:  # Entered before parsing: checking a gymnax id starts JAX.
+    # Entered before parsing: checking a gymnax id starts JAX.
+    with cores, xla_flags_unless_set(FAST_GPU_AUTOTUNE):
         try:
             run = parse(argv, prog="run.py", description=__doc__.splitlines()[0])
         except UsageError as e:

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -38,6 +38,7 @@ from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_
 from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import PopulationSettings
 from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.builders.experiments.xla_flags import xla_flags_unless_set
 from trellis.envs.jax_multi_agent import TeamEnv
 
 
@@ -45,8 +46,7 @@ class AnakinError(ValueError):
     """The run cannot go on the anakin platform (agent, env or hyper-parameters): one line."""
 
 
-@contextlib.contextmanager
-def use_cpu_cores() -> Iterator[None]:
+def use_cpu_cores() -> contextlib.AbstractContextManager[None]:
     """Inside, JAX's CPU backend, if it starts there, makes one device of each usable core,
     each running its programs on one thread, unless XLA_FLAGS already says otherwise. XLA_FLAGS
     is restored on leaving: the backend keeps its devices, and processes started afterwards do
@@ -58,20 +58,9 @@ def use_cpu_cores() -> Iterator[None]:
     (`population_mesh`; docs/anakin.md, figures in docs/benchmarks.md). No effect on GPUs and
     TPUs, where the CPU devices hold nothing.
     """
-    previous = os.environ.get("XLA_FLAGS")
-    flags = previous or ""
-    if "xla_force_host_platform_device_count" not in flags:
-        flags += f" --xla_force_host_platform_device_count={len(os.sched_getaffinity(0))}"
-    if "xla_cpu_multi_thread_eigen" not in flags:
-        flags += " --xla_cpu_multi_thread_eigen=false"
-    os.environ["XLA_FLAGS"] = flags.strip()
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["XLA_FLAGS"]
-        else:
-            os.environ["XLA_FLAGS"] = previous
+    return xla_flags_unless_set({
+        "xla_force_host_platform_device_count": str(len(os.sched_getaffinity(0))),
+        "xla_cpu_multi_thread_eigen": "false"})
 
 
 def seconds_since_process_start() -> float | None:
