@@ -104,6 +104,20 @@ def test_node_actors_do_not_preallocate_accelerator_memory(monkeypatch, mark):
     _assert_no_ray_processes(mark)
 
 
+@pytest.mark.parametrize("xla_flags", [None, "--xla_gpu_autotune_level=1"])
+def test_node_actors_get_the_launchers_xla_flags(xla_flags, monkeypatch):
+    """A cluster's other hosts do not inherit the launcher's environment: XLA_FLAGS (run.py's
+    GPU autotune level) goes in the actors' runtime_env where the launcher has it."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    if xla_flags is None:
+        monkeypatch.delenv("XLA_FLAGS", raising=False)
+        expected = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    else:
+        monkeypatch.setenv("XLA_FLAGS", xla_flags)
+        expected = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_FLAGS": xla_flags}
+    assert ray_platform._actor_env_vars() == expected
+
+
 def test_a_node_ray_cannot_place_fails_the_launch_in_one_line(monkeypatch, mark):
     monkeypatch.setattr(ray_platform, "_PLACE_TIMEOUT_S", 3.0)
     program = runtime.Program("unplaceable")

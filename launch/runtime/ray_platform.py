@@ -366,8 +366,14 @@ def _actor_env_vars() -> dict[str, str]:
     As local_mp does for its node processes: several nodes of one host may each put JAX on its
     GPU, so none may take most of its memory up front (XLA's default, 75%), or the next runs
     out of memory (issue 20). A value set in the launcher's environment is passed on instead.
+    XLA_FLAGS too, where the launcher has it (run.py's GPU autotune level among them:
+    builders/experiments/xla_flags.py): a local instance's workers inherit it, a cluster's
+    other hosts would not.
     """
-    return {_PREALLOCATE: os.environ.get(_PREALLOCATE, "false")}
+    env = {_PREALLOCATE: os.environ.get(_PREALLOCATE, "false")}
+    if "XLA_FLAGS" in os.environ:
+        env["XLA_FLAGS"] = os.environ["XLA_FLAGS"]
+    return env
 
 
 def _actor_options(resources: dict[str, float], cluster: dict[str, float]) -> dict[str, Any]:
