@@ -212,15 +212,21 @@ def test_use_cpu_cores_keeps_the_users_own_settings(own, added, monkeypatch):
 
 
 def test_use_cpu_cores_before_jax_starts_gives_a_device_per_core():
+    """With every flag run.py adds on anakin (xla_flags.py's too): XLA aborts the process on a
+    flag it does not know, so a renamed flag would stop every run."""
     script = ("import os\nfrom trellis.builders.experiments.anakin_run import use_cpu_cores\n"
-              "with use_cpu_cores():\n    import jax\n    jax.devices()\n"
-              "print(len(jax.devices()), len(os.sched_getaffinity(0)))")
+              "from trellis.builders.experiments.xla_flags import FAST_GPU_AUTOTUNE, "
+              "xla_flags_unless_set\n"
+              "with use_cpu_cores(), xla_flags_unless_set(FAST_GPU_AUTOTUNE):\n"
+              "    import jax\n    jax.devices()\n"
+              "print(len(jax.devices()), len(os.sched_getaffinity(0)), int(jax.jit(abs)(-21)))")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env=dict(env, JAX_PLATFORMS="cpu"), timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    devices, cores = map(int, out.stdout.split())
+    devices, cores, computed = map(int, out.stdout.split())
     assert devices == cores
+    assert computed == 21
 
 
 def test_run_main_uses_the_cores_only_for_anakin(monkeypatch, tmp_path):

@@ -1,10 +1,8 @@
 """The XLA_FLAGS entries a run adds (builders/experiments/xla_flags.py): added only where the
-user's XLA_FLAGS lacks them, seen by the run (and the node processes it starts), accepted by
-the XLA that JAX ships."""
+user's XLA_FLAGS lacks them, in the environment the run trains in (its node processes inherit
+it); that XLA accepts them: tests/test_anakin_devices.py."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -42,15 +40,3 @@ def test_run_trains_with_the_flags_of_its_platform(platform, expected, monkeypat
     assert [flag.split("=")[0] for flag in seen[0]] == expected
     assert "--xla_gpu_autotune_level=1" in seen[0]
     assert "XLA_FLAGS" not in os.environ
-
-
-def test_jax_computes_with_the_added_flags():
-    """XLA aborts the process on a flag it does not know: a renamed flag would stop every run."""
-    script = ("from trellis.builders.experiments.xla_flags import FAST_GPU_AUTOTUNE, "
-              "xla_flags_unless_set\nwith xla_flags_unless_set(FAST_GPU_AUTOTUNE):\n"
-              "    import jax\n    print(int(jax.jit(lambda x: x * 3)(7)))")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["21"]
