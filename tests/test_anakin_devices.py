@@ -230,9 +230,10 @@ def test_use_cpu_cores_before_jax_starts_gives_a_device_per_core():
 
 
 def test_run_main_uses_the_cores_only_for_anakin(monkeypatch, tmp_path):
-    """run.py sets XLA_FLAGS while it parses and trains when the platform is anakin (a flag or
-    its --config file), and restores it when it returns (here the parse fails: a Gymnasium
-    env on anakin)."""
+    """run.py sets XLA_FLAGS while it parses and trains: the CPU cores when the platform is
+    anakin (a flag or its --config file), the GPU autotune level on every platform
+    (tests/test_xla_flags.py); it restores XLA_FLAGS when it returns (here the parse fails: a
+    Gymnasium env on anakin)."""
     seen = []
     parse = run.parse
 
@@ -247,8 +248,9 @@ def test_run_main_uses_the_cores_only_for_anakin(monkeypatch, tmp_path):
                      f"--logdir={tmp_path / 'a'}"]) == 2
     (tmp_path / "anakin.yaml").write_text("agent: ppo\nplatform: anakin\nenv: CartPole-v1\n")
     assert run.main([f"--config={tmp_path / 'anakin.yaml'}", f"--logdir={tmp_path / 'b'}"]) == 2
-    assert seen[0] == ""
+    assert seen[0] == "--xla_gpu_autotune_level=1"
     for flags_seen in seen[1:]:
+        assert "--xla_gpu_autotune_level=1" in flags_seen
         assert "--xla_force_host_platform_device_count=" in flags_seen
         assert "--xla_cpu_multi_thread_eigen=false" in flags_seen
     assert len(seen) == 3 and os.environ["XLA_FLAGS"] == ""
