@@ -188,3 +188,22 @@ def test_core_defaults_fill_only_the_fields_left_unset():
                              (ImpalaConfig(normalize_observations=True), True)):
         variables = ImpalaBuilder(config).make_networks(spec).init(jax.random.PRNGKey(0))
         assert ("obs_norm" in variables) == expected, config
+
+
+@pytest.mark.parametrize("env, settings", [("CartPole-v1", {}),
+                                           ("minatar:Breakout", {"pixel_torso": "minatar"})])
+def test_the_init_compiled_for_start_up_gives_the_default_compiles_state(env, settings):
+    """The learner compiles its one-off init at a lower backend optimisation level
+    (agents/common/learners.py): the state must be the default compile's, bit for bit."""
+    import jax
+
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.agents.impala.learner import Learner, make_training
+    from trellis.envs import make_env_factory
+
+    config = ImpalaConfig(**settings)
+    networks = ImpalaBuilder(config).make_networks(make_env_factory(env).spec())
+    key = jax.random.PRNGKey(7)
+    expected = jax.jit(make_training(networks, config).init)(key)
+    state = Learner(networks, config, key, jax.devices()[:1]).state
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(expected))
