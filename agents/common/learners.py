@@ -24,7 +24,7 @@ Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
 # The init runs once, on the start-up's critical path (the first env step waits for its
 # params): XLA's backend optimisation level 1 instead of the default 3 compiles the deep
 # residual torso's init in 1.8 s instead of 3.7 on a 2-core CPU (MinAtar's torso 0.7 s
-# instead of 1.9) with the same state, bit for bit (tests/test_learners.py); level 0 would
+# instead of 1.9) with the same state, bit for bit (tests/test_impala_learner.py); level 0 would
 # change the state's last bits.
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
