@@ -54,3 +54,29 @@ def test_no_sys_path_edits_outside_the_scripts():
                                                 path.read_text()):
                 offenders.append(rel)
     assert not offenders, offenders
+
+
+def test_building_a_program_starts_no_jax_backend():
+    # The launcher builds the program and then only waits: a backend there would be, on a GPU,
+    # a CUDA context holding XLA's preallocated share of the GPU's memory for the whole run,
+    # started before any node. Stateful (LSTM IMPALA), replayed (DQN) and the agent's own
+    # table (R2D2) each derive specs from the policy's state.
+    code = """
+import sys
+from jax._src import xla_bridge  # No public API says whether a backend has started.
+from trellis.agents.registry import agent_module
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.program import make_program
+from trellis.envs import EnvFactory
+for name, overrides, unroll_queue in (("impala", {"core": "lstm"}, "local"),
+                                      ("impala", {}, "replay"), ("dqn", {}, "local"),
+                                      ("r2d2", {}, "local")):
+    module = agent_module(name)
+    make_program(module.Builder(module.Config(**overrides)), EnvFactory("CartPole-v1"),
+                 ExperimentConfig(num_actors=2, unroll_queue=unroll_queue), name=name)
+    if xla_bridge.backends_are_initialized():
+        sys.exit(f"{name} {overrides} {unroll_queue}: the build started a JAX backend")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]

@@ -21,7 +21,7 @@ from trellis.builders.contract.agent import (
     QueueSpec,
 )
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.builders.experiments.inference import step_specs
+from trellis.builders.experiments.inference import agent_step_specs
 from trellis.builders.experiments.unroll_queue import (
     LocalUnrollQueue,
     TableUnrollQueue,
@@ -343,8 +343,8 @@ def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
 def agent_table(builder: Builder, spec: EnvSpec) -> TableSpec | None:
     """The builder's own replay table (`Builder.replay_table`), for items that are one env
     slot's unroll {field: [T + 1, ...]}; None for most agents."""
-    steps = step_specs(spec, builder.extras_spec(spec), builder.initial_state(spec, 1))
-    return builder.replay_table(unroll_signature(steps, builder.queue_spec().unroll_length))
+    return builder.replay_table(unroll_signature(agent_step_specs(builder, spec),
+                                                 builder.queue_spec().unroll_length))
 
 
 def unroll_queue(queue_spec: QueueSpec, config: ExperimentConfig,

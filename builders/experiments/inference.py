@@ -41,7 +41,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis.builders.contract.agent import STATE_PREFIX, ArraySpec, Policy, State, state_specs
+from trellis.builders.contract.agent import (
+    STATE_PREFIX,
+    ArraySpec,
+    Builder,
+    Policy,
+    State,
+    state_specs,
+)
 from trellis.builders.experiments.env_worker import (
     ACTIONS,
     FAILED,
@@ -71,6 +78,15 @@ def step_specs(spec: EnvSpec | MultiAgentSpec, extras: Mapping[str, ArraySpec],
     fmt = step_format(spec)
     return {**fmt.inputs, **fmt.actions, **fmt.extras_specs(extras),
             **state_specs(initial_state or {})}
+
+
+def agent_step_specs(builder: Builder, spec: EnvSpec | MultiAgentSpec) -> dict[str, ArraySpec]:
+    """`step_specs` of `builder`'s agent on envs of `spec`, its state's shapes traced
+    (`jax.eval_shape`), not computed: the launcher builds programs with these, and computing
+    the state there would start a JAX backend in the launcher process (on a GPU, a CUDA
+    context holding XLA's preallocated share of the GPU's memory for the whole run)."""
+    initial_state = jax.eval_shape(lambda: builder.initial_state(spec, 1))
+    return step_specs(spec, builder.extras_spec(spec), initial_state)
 
 
 def _single_agent_format(specs: Mapping[str, ArraySpec]) -> StepFormat:

@@ -36,7 +36,7 @@ from trellis.builders.experiments.feeds import (
     batch_sizes,
     unroll_queue,
 )
-from trellis.builders.experiments.inference import InferenceServer, step_specs
+from trellis.builders.experiments.inference import InferenceServer, agent_step_specs, step_specs
 from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_signature
 from trellis.envs.factory import EnvFactory
@@ -437,9 +437,8 @@ class _Compiling:
 def _abstract_batch(builder: Builder, spec: Any, queue_spec: Any,
                     batch_size: int) -> dict[str, Any]:
     """The shapes and dtypes of a batch of `batch_size` unrolls, as the feed gives it."""
-    steps = step_specs(spec, builder.extras_spec(spec), builder.initial_state(spec, 1))
     return {name: jax.ShapeDtypeStruct(s.shape, s.dtype) for name, s in unroll_signature(
-        steps, queue_spec.unroll_length, (batch_size,)).items()}
+        agent_step_specs(builder, spec), queue_spec.unroll_length, (batch_size,)).items()}
 
 
 class _Interval:

@@ -8,7 +8,7 @@ from trellis.builders.experiments.checkpointing import Checkpoints
 from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.builders.experiments.evaluation import Evaluator
 from trellis.builders.experiments.feeds import agent_table, max_unrolls
-from trellis.builders.experiments.inference import step_specs
+from trellis.builders.experiments.inference import agent_step_specs
 from trellis.builders.experiments.learner_node import LearnerNode
 from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_table_spec
@@ -48,10 +48,8 @@ def make_program(
     table = agent_table(builder, spec)
     if table is None and config.unroll_queue == "replay":
         queue_spec = builder.queue_spec()
-        table = unroll_table_spec(step_specs(spec, builder.extras_spec(spec),
-                                             builder.initial_state(spec, 1)),
-                                  queue_spec.unroll_length, config.envs_per_actor,
-                                  max_unrolls(queue_spec, config))
+        table = unroll_table_spec(agent_step_specs(builder, spec), queue_spec.unroll_length,
+                                  config.envs_per_actor, max_unrolls(queue_spec, config))
     if table is not None:
         with program.group("replay"):
             replay = program.add_node(
