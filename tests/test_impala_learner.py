@@ -193,9 +193,11 @@ def test_core_defaults_fill_only_the_fields_left_unset():
 @pytest.mark.parametrize("env, settings", [("CartPole-v1", {}),
                                            ("minatar:Breakout", {"pixel_torso": "minatar"})])
 def test_the_init_compiled_for_start_up_gives_the_default_compiles_state(env, settings):
-    """The learner compiles its one-off init at a lower backend optimisation level
-    (agents/common/learners.py): the state must be the default compile's, bit for bit."""
+    """The learner compiles its one-off init on the host's CPU at a lower backend
+    optimisation level (agents/common/learners.py): the state must be the default compile's
+    there, bit for bit, and placed on the learner's devices as its update takes it."""
     import jax
+    from jax.sharding import PartitionSpec
 
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
     from trellis.agents.impala.learner import Learner, make_training
@@ -204,6 +206,11 @@ def test_the_init_compiled_for_start_up_gives_the_default_compiles_state(env, se
     config = ImpalaConfig(**settings)
     networks = ImpalaBuilder(config).make_networks(make_env_factory(env).spec())
     key = jax.random.PRNGKey(7)
-    expected = jax.jit(make_training(networks, config).init)(key)
-    state = Learner(networks, config, key, jax.devices()[:1]).state
+    cpu = jax.devices("cpu")[0]
+    expected = jax.jit(make_training(networks, config).init)(jax.device_put(key, cpu))
+    devices = jax.devices()[:1]
+    state = Learner(networks, config, key, devices).state
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(expected))
+    for leaf in jax.tree.leaves(state):
+        assert leaf.sharding.spec == PartitionSpec()
+        assert leaf.sharding.mesh.devices.tolist() == devices

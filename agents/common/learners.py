@@ -22,11 +22,22 @@ Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
 
 
 # The init runs once, on the start-up's critical path (the first env step waits for its
-# params): XLA's backend optimisation level 1 instead of the default 3 compiles the deep
-# residual torso's init in 1.8 s instead of 3.7 on a 2-core CPU (MinAtar's torso 0.7 s
-# instead of 1.9) with the same state, bit for bit (tests/test_impala_learner.py); level 0 would
-# change the state's last bits.
+# params), so it is compiled for start-up: on the host's CPU backend whatever the learner's
+# devices (on an H100, XLA compiled Pong's init, the deep residual torso and Adam's state, for
+# 9-13 s, autotuning GPU kernels it would run once; docs/benchmarks.md), and at XLA's backend
+# optimisation level 1 instead of the default 3 (the deep residual torso's init in 1.8 s
+# instead of 3.7 on a 2-core CPU, MinAtar's torso 0.7 s instead of 1.9) with the same state,
+# bit for bit (tests/test_impala_learner.py); level 0 would change the state's last bits.
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
+def _init_device(devices: Sequence[jax.Device]) -> jax.Device:
+    """Where the init runs: the host's CPU, or the first learner device where JAX runs
+    without its CPU backend (JAX_PLATFORMS naming only an accelerator)."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return devices[0]
 
 
 class DataParallelLearner:
@@ -67,6 +78,7 @@ class DataParallelLearner:
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         self._key = key
+        self._init_device = _init_device(devices)
         self._update = jax.jit(
             training.make_update(self.mesh),
             in_shardings=(replicated, self._batch_sharding),
@@ -78,8 +90,9 @@ class DataParallelLearner:
     def _state(self) -> Any:
         # Made at first use (a second or so of compiling), so a learner that restores a
         # checkpoint first does not pay for it twice. Assignments replace it.
-        init = jax.jit(self._init, out_shardings=self._replicated).lower(self._key)
-        return init.compile(compiler_options=INIT_COMPILER_OPTIONS)(self._key)
+        key = jax.device_put(self._key, self._init_device)
+        init = jax.jit(self._init).lower(key).compile(compiler_options=INIT_COMPILER_OPTIONS)
+        return jax.device_put(init(key), self._replicated)
 
     def compile(self, batch: Mapping[str, Any]) -> None:
         """Compiles the update for batches shaped as `batch` (a tree of
