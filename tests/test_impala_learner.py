@@ -214,3 +214,28 @@ def test_the_init_compiled_for_start_up_gives_the_default_compiles_state(env, se
     for leaf in jax.tree.leaves(state):
         assert leaf.sharding.spec == PartitionSpec()
         assert leaf.sharding.mesh.devices.tolist() == devices
+
+
+def test_the_init_runs_on_the_learner_devices_where_jax_has_no_cpu_backend(monkeypatch):
+    # JAX_PLATFORMS naming only an accelerator leaves JAX without its CPU backend:
+    # jax.devices("cpu") raises there, and the learner must still make its state.
+    import jax
+
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.agents.impala.learner import Learner, make_training
+    from trellis.envs import make_env_factory
+
+    config = ImpalaConfig()
+    networks = ImpalaBuilder(config).make_networks(make_env_factory("CartPole-v1").spec())
+    key = jax.random.PRNGKey(7)
+    expected = jax.jit(make_training(networks, config).init)(key)
+    devices = jax.devices()
+
+    def without_cpu(backend=None):
+        if backend == "cpu":
+            raise RuntimeError("Unknown backend cpu. Available backends are ['cuda']")
+        return devices
+
+    monkeypatch.setattr(jax, "devices", without_cpu)
+    state = Learner(networks, config, key, devices[:1]).state
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(expected))
