@@ -26,7 +26,10 @@ an episode boundary. Where envpool differs, this module adapts:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -44,9 +47,28 @@ def is_envpool_id(env_id: str) -> bool:
     return env_id.startswith(PREFIX)
 
 
+@contextlib.contextmanager
+def _jax_hidden_unless_imported() -> Iterator[None]:
+    """Makes `import jax` fail inside, in a process that has not imported JAX. envpool's env
+    classes import JAX when envpool is imported, for an XLA interface that Trellis does not
+    use (they fall back without it); an env worker process, which never imports JAX otherwise
+    (tests/test_layers.py), would pay 0.4-0.6 s of CPU at start for it. A process with JAX
+    imported (the learner's, the launcher's) is left as it is. (None in `sys.modules` is
+    Python's marker for a module that cannot be imported.)"""
+    if "jax" in sys.modules:
+        yield
+        return
+    sys.modules["jax"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        del sys.modules["jax"]
+
+
 def _envpool():
     try:
-        import envpool
+        with _jax_hidden_unless_imported():
+            import envpool
     except ImportError as e:
         raise UnknownEnvError(
             "envpool ids need the envpool package: pip install -e '.[envpool]'") from e

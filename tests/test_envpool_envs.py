@@ -75,3 +75,23 @@ def test_atari_episodes_are_games_with_unclipped_rewards():
     assert (envs._pool.config["episodic_life"], envs._pool.config["reward_clip"]) == (False,
                                                                                        False)
     envs.close()
+
+
+def test_an_env_worker_process_steps_envpool_without_importing_jax():
+    # envpool imports JAX for an XLA interface we do not use; an env worker, which never
+    # imports JAX otherwise, would pay 0.4-0.6 s of CPU at start for it. JAX stays importable.
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from trellis.envs import make_env_factory
+envs = make_env_factory("envpool:CartPole-v1").make_vector(2, seed=0)
+envs.step([0, 1])
+assert "jax" not in sys.modules, "making an envpool env imported JAX"
+import jax
+jax.numpy.zeros(1)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
