@@ -5,7 +5,7 @@ variant `ReplayLearner` (n-step transitions replayed in-process)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -31,13 +31,13 @@ Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
-def _init_device(devices: Sequence[jax.Device]) -> jax.Device:
+def _init_device(devices: Iterable[jax.Device]) -> jax.Device:
     """Where the init runs: the host's CPU, or the first learner device where JAX runs
     without its CPU backend (JAX_PLATFORMS naming only an accelerator)."""
     try:
         return jax.devices("cpu")[0]
     except RuntimeError:
-        return devices[0]
+        return next(iter(devices))
 
 
 class DataParallelLearner:
@@ -78,7 +78,6 @@ class DataParallelLearner:
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         self._key = key
-        self._init_device = _init_device(devices)
         self._update = jax.jit(
             training.make_update(self.mesh),
             in_shardings=(replicated, self._batch_sharding),
@@ -90,7 +89,7 @@ class DataParallelLearner:
     def _state(self) -> Any:
         # Made at first use (a second or so of compiling), so a learner that restores a
         # checkpoint first does not pay for it twice. Assignments replace it.
-        key = jax.device_put(self._key, self._init_device)
+        key = jax.device_put(self._key, _init_device(self.mesh.devices.flat))
         init = jax.jit(self._init).lower(key).compile(compiler_options=INIT_COMPILER_OPTIONS)
         return jax.device_put(init(key), self._replicated)
 
