@@ -27,20 +27,22 @@ def summary(logdir):
         return json.load(f)
 
 
-# DQN in the slow suite on both platforms (19 s and 23 s): in the default one its learner learns
+# 120k steps: at 80k IMPALA is mid-curve; on 2 cores shared by three runs its return ranged
+# 124-250 over 9 runs (and fell to 86 once in CI), at 120k 168-477 over 9 such runs.
+# DQN in the slow suite on both platforms (33 s and 32 s): in the default one its learner learns
 # CartPole on local_mp as Ape-X (tests/test_dqn.py).
 @pytest.mark.parametrize("agent,platform", [
     (agent, platform) if agent != "dqn"
     else pytest.param(agent, platform, marks=pytest.mark.slow)
     for agent in AGENTS for platform in ("local_mt", "local_mp")])
 def test_learns_cartpole(agent, platform, tmp_path):
-    out = run([f"--agent={agent}", f"--platform={platform}", "--total_env_steps=80000",
+    out = run([f"--agent={agent}", f"--platform={platform}", "--total_env_steps=120000",
                "--stop_at_return=none", f"--logdir={tmp_path}"])
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)
-    assert s["stopped_by"] == "budget" and s["env_steps"] >= 80000
+    assert s["stopped_by"] == "budget" and s["env_steps"] >= 120000
     assert s["episodes"] > 100 and s["learner_steps"] > 0
-    # Far above random after 80k steps (a solved policy scores 500).
+    # Far above random after 120k steps (a solved policy scores 500).
     assert s["mean_return"] > 4 * RANDOM_CARTPOLE_RETURN, s
     assert "summary: " in out.stdout and str(tmp_path) in out.stdout
     assert "steps/s" in out.stdout.splitlines()[0]  # Plain progress lines when not a TTY.
