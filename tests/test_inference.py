@@ -6,6 +6,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from trellis.builders.contract.agent import ArraySpec
 from trellis.builders.experiments.feeds import UnrollBatcher
@@ -210,6 +211,31 @@ def test_recorder_keeps_each_unrolls_state_when_the_overlap_exceeds_half_the_unr
                    state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})
     assert [u["x"][:, 0].tolist() for u in out] == [list(range(s, s + 7)) for s in (0, 3, 6, 9)]
     assert [u["state/s"][0, 0] for u in out] == [100, 103, 106, 109]
+
+
+@pytest.mark.parametrize("overlap", [1, 4])
+def test_recorder_writes_every_row_of_the_buffers_it_hands_over(monkeypatch, overlap):
+    """Its buffers are not zeroed (`UnrollRecorder._empty`): poisoned here, and no poison may
+    come out, through overlaps, a restart in the middle of an unroll and state fields."""
+    fresh = UnrollRecorder._empty
+
+    def poisoned(self):
+        buffers = fresh(self)
+        for buffer in buffers.values():
+            buffer.fill(-1)
+        return buffers
+
+    monkeypatch.setattr(UnrollRecorder, "_empty", poisoned)
+    out = []
+    specs = {"x": ArraySpec((3,), "float32"), "state/s": ArraySpec((), "float32")}
+    rec = UnrollRecorder(specs, 2, 2, 6, keep(out), overlap=overlap)
+    for i in range(40):
+        for worker in (0, 1):
+            run = 2 if worker == 1 and i >= 9 else 1  # Worker 1 restarts at step 9.
+            rec.record(worker, run, {"x": np.full((2, 3), i, np.float32)},
+                       state=lambda i=i: {"s": np.full(2, i, np.float32)})
+    assert len(out) >= 10 and rec.resets == 1
+    assert all((unroll[name] != -1).all() for unroll in out for name in unroll)
 
 
 def test_batcher_splits_chunks_into_batches_without_losing_columns():

@@ -166,8 +166,14 @@ class UnrollRecorder:
         self.resets = 0
 
     def _empty(self) -> dict[str, np.ndarray]:
-        """One unroll's buffers: [T + 1, K, ...] per step field, [1, K, ...] per state field."""
-        return {name: s.zeros((1 if name.startswith(STATE_PREFIX) else self._length, self._k))
+        """One unroll's buffers: [T + 1, K, ...] per step field, [1, K, ...] per state field.
+
+        Not zeroed: every row is written before the unroll is handed over, and zeroing a
+        Pong unroll (19 MB at 32 envs) made recording a step 1.4x slower
+        (benchmarks/recorder.py).
+        """
+        return {name: np.empty((1 if name.startswith(STATE_PREFIX) else self._length, self._k)
+                               + s.shape, s.dtype)
                 for name, s in self._specs.items()}
 
     def is_new_run(self, worker_id: int, run_id: int) -> bool:
