@@ -7,7 +7,8 @@ Records `--rounds` steps of every worker (each step: K uint8 observations of `--
 and IMPALA's other fields) through an `UnrollRecorder`, as the inference thread does after
 each batch, while the unrolls it hands over are joined into learner batches of 4 unrolls
 and dropped, as the learner's feed does. Prints the time per recorded worker step
-(excluding the joins) for each repeat after a warm-up, then one JSON line.
+(excluding the joins) for each repeat after a warm-up, then one JSON line
+(`worker_steps_per_s`: worker steps recorded per second of recording, from the median).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def main() -> None:
     print(json.dumps(rounded({"workers": w, "envs_per_worker": k, "obs_shape": list(obs_shape),
                               "unroll_length": args.unroll_length, "rounds": args.rounds,
                               "record_us_per_step": per_step_us,
-                              "median_record_us_per_step": statistics.median(per_step_us)})))
+                              "median_record_us_per_step": statistics.median(per_step_us),
+                              "worker_steps_per_s": 1e6 / statistics.median(per_step_us)})))
 
 
 if __name__ == "__main__":
