@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 
 from trellis.envs.envpool_envs import PREFIX as ENVPOOL_PREFIX
-from trellis.envs.envpool_envs import EnvpoolFactory, _envpool
+from trellis.envs.envpool_envs import EnvpoolFactory, _envpool, task_settings
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.specs import EnvSpec, vector_spec
 
@@ -74,7 +74,7 @@ def is_atari_factory(factory: Any) -> bool:
     if isinstance(factory, AleVectorFactory):
         return True
     if isinstance(factory, EnvpoolFactory):
-        return "episodic_life" in _envpool().make_spec(factory.task).config._fields
+        return "episodic_life" in task_settings(factory.task)
     return False
 
 

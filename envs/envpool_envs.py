@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -36,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 
 from trellis.envs.errors import UnknownEnvError
-from trellis.envs.specs import GAME_OVER, EnvSpec, vector_spec
+from trellis.envs.specs import GAME_OVER, EnvSpec, spec_from_spaces
 
 PREFIX = "envpool:"
 # Atari options that change what an episode and a reward are (see the module docstring).
@@ -73,6 +74,13 @@ def _envpool():
         raise UnknownEnvError(
             "envpool ids need the envpool package: pip install -e '.[envpool]'") from e
     return envpool
+
+
+@functools.cache
+def task_settings(task: str) -> tuple[str, ...]:
+    """The keyword arguments envpool's `task` takes (its config's fields), read once per
+    process: each read builds the task's spec (0.08 s for an Atari game)."""
+    return tuple(_envpool().make_spec(task).config._fields)
 
 
 class EnvpoolVector:
@@ -149,19 +157,28 @@ class EnvpoolFactory:
             raise UnknownEnvError(f"unknown env {self.env_id!r}: envpool has no task "
                                   f"{self.task!r} (envpool.list_all_envs() lists them)")
 
-    def make_vector(self, num_envs: int, seed: int) -> EnvpoolVector:
-        """`num_envs` envs of the task in one pool seeded with `seed`, reset."""
+    def _kwargs(self) -> dict[str, Any]:
+        """envpool's keyword arguments for the task: the game-episode settings it knows, then
+        `options`.
+
+        Raises:
+          UnknownEnvError: an unknown task, or an option the task does not have.
+        """
         self.validate()
-        envpool = _envpool()
-        known = envpool.make_spec(self.task).config._fields
+        known = task_settings(self.task)
         kwargs = {k: v for k, v in _GAME_EPISODES.items() if k in known}
         unknown = sorted(k for k, _ in self.options if k not in known)
         if unknown:
             raise UnknownEnvError(f"{self.env_id}: envpool's task has no option {unknown[0]!r} "
                                   f"(the Atari settings are for Atari tasks)")
         kwargs.update(self.options)
-        envs = EnvpoolVector(envpool.make(self.task, env_type="gymnasium", num_envs=num_envs,
-                                          seed=seed, **kwargs),
+        return kwargs
+
+    def make_vector(self, num_envs: int, seed: int) -> EnvpoolVector:
+        """`num_envs` envs of the task in one pool seeded with `seed`, reset."""
+        kwargs = self._kwargs()
+        envs = EnvpoolVector(_envpool().make(self.task, env_type="gymnasium",
+                                             num_envs=num_envs, seed=seed, **kwargs),
                              episodic_life=bool(kwargs.get("episodic_life")))
         envs.reset()
         return envs
@@ -176,4 +193,12 @@ class EnvpoolFactory:
         return getattr(config, "reward_threshold", None)
 
     def spec(self) -> EnvSpec:
-        return vector_spec(self)
+        """From envpool's spec of the task with these settings, whose spaces are the pool's
+        (no env is made), found once: the factory keeps it, and so takes it along when it is
+        pickled to the node processes, which then need not import envpool to ask (the
+        learner only asks; docs/benchmarks.md)."""
+        if "_spec" not in self.__dict__:
+            spec = _envpool().make_spec(self.task, **self._kwargs())
+            object.__setattr__(self, "_spec", spec_from_spaces(
+                spec.gymnasium_observation_space, spec.gymnasium_action_space))
+        return self.__dict__["_spec"]

@@ -95,3 +95,29 @@ jax.numpy.zeros(1)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("env_id,settings", [
+    ("envpool:CartPole-v1", {}), ("envpool:Pong-v5", {}),
+    ("envpool:Pong-v5", {"frame_stack": 2, "episodic_life": True})])
+def test_the_spec_is_the_pools_and_goes_with_the_pickled_factory(env_id, settings):
+    """No env is made for the spec; a node process unpickling the launcher's factory gets
+    the spec without importing envpool."""
+    import pickle
+    import subprocess
+    import sys
+
+    from trellis.envs.atari import with_settings
+    from trellis.envs.specs import vector_spec
+
+    factory = with_settings(make_env_factory(env_id), settings)
+    assert factory.spec() == vector_spec(factory)  # vector_spec makes a pool of one env.
+    code = f"""
+import pickle, sys
+sys.modules["envpool"] = None  # Importing it now fails.
+spec = pickle.loads({pickle.dumps(factory)!r}).spec()
+assert spec.observation_shape == {factory.spec().observation_shape!r}, spec
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
