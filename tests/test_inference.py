@@ -10,7 +10,12 @@ import pytest
 
 from trellis.builders.contract.agent import ArraySpec
 from trellis.builders.experiments.feeds import UnrollBatcher
-from trellis.builders.experiments.inference import InferenceServer, UnrollRecorder, step_specs
+from trellis.builders.experiments.inference import (
+    InferenceServer,
+    UnrollRecorder,
+    gather,
+    step_specs,
+)
 from trellis.envs import EnvSpec
 
 SPEC = EnvSpec((3,), "float32", 4, (), "int32")
@@ -236,6 +241,14 @@ def test_recorder_writes_every_row_of_the_buffers_it_hands_over(monkeypatch, ove
                        state=lambda i=i: {"s": np.full(2, i, np.float32)})
     assert len(out) >= 10 and rec.resets == 1
     assert all((unroll[name] != -1).all() for unroll in out for name in unroll)
+
+
+def test_gather_copies_the_workers_rows_in_the_order_given():
+    rows = np.arange(5 * 3 * 2, dtype=np.float32).reshape(5, 3, 2)  # [W, K, ...]
+    out = np.full((8, 2), -1, np.float32)  # A padded batch: two workers fill 6 rows.
+    gather(rows, np.array([4, 0]), out[:6])
+    assert out[:6].tolist() == rows[[4, 0]].reshape(6, 2).tolist()
+    assert (out[6:] == -1).all()
 
 
 def test_batcher_splits_chunks_into_batches_without_losing_columns():
