@@ -177,6 +177,32 @@ def _steps(n, k=2, offset=0):
     return [{"x": np.full(k, offset + i, np.float32)} for i in range(n)]
 
 
+def test_batches_pad_to_powers_of_two_up_to_every_workers_envs_and_no_further():
+    traced = []
+
+    def tracing(params, key, obs, state, first):
+        traced.append(obs.shape[0])  # Once per compiled batch size.
+        return policy(params, key, obs, state, first)
+
+    stop = threading.Event()
+    server = InferenceServer(
+        jax.jit(tracing), W, jax.random.PRNGKey(0),
+        step_specs(SPEC, {"logits": ArraySpec((4,), "float32")}),
+        3, 4, 5, lambda unroll, versions: None, stop, timeout_s=0.05)
+    server.start()
+    rng = np.random.default_rng(0)
+    threads = [threading.Thread(target=server.step, args=(w, 7, worker_inputs(rng, 4)))
+               for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    stop.set()
+    server.join(5)
+    assert server.steps == 12
+    assert sorted(traced) == [4, 8, 12]  # 3 workers x 4 envs: 12, not 16.
+
+
 def test_recorder_hands_over_the_params_version_of_each_step():
     out = []
     rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 1, 2, 3,

@@ -238,9 +238,11 @@ def gather(rows: np.ndarray, workers: np.ndarray, out: np.ndarray) -> None:
             mode="clip")
 
 
-def _bucket(n: int) -> int:
-    """Pads batch sizes to powers of two so the policy compiles a handful of times."""
-    return 1 << max(0, n - 1).bit_length()
+def _bucket(n: int, largest: int) -> int:
+    """Pads batch sizes to powers of two, so the policy compiles a handful of times, and to
+    no more than the largest batch (`largest`, from every worker: 448 envs for 14 x 32, not
+    512)."""
+    return min(1 << max(0, n - 1).bit_length(), largest)
 
 
 def _act(policy: Policy, params, key, count, obs, first):
@@ -333,7 +335,8 @@ class InferenceServer:
         self._k = envs_per_worker
         self._max_batch = max_batch or num_workers * envs_per_worker
         self._requests_per_batch = -(-self._max_batch // envs_per_worker)
-        self._batch_sizes = sorted({_bucket(i * envs_per_worker)
+        self._largest = self._requests_per_batch * envs_per_worker
+        self._batch_sizes = sorted({_bucket(i * envs_per_worker, self._largest)
                                     for i in range(1, self._requests_per_batch + 1)})
         # One batch of inputs, reused: each request's are copied in and a padded prefix goes
         # to the policy (a prefix of a C-contiguous array is one too). Padding rows keep what
@@ -555,7 +558,8 @@ class InferenceServer:
         """Acts for every request, answers them all, then records the steps."""
         k, n = self._k, len(batch) * self._k
         workers = np.fromiter((r.worker_id for r in batch), np.intp, len(batch))
-        inputs = {name: buffer[:_bucket(n)] for name, buffer in self._inputs.items()}
+        inputs = {name: buffer[:_bucket(n, self._largest)]
+                  for name, buffer in self._inputs.items()}
         for name, rows in inputs.items():
             gather(self._rows[name], workers, rows[:n])
         params, version = self._acting
