@@ -33,14 +33,25 @@ def keep(unrolls):
     return lambda unroll, versions: unrolls.append(unroll)
 
 
-def make_server(on_unroll, num_workers=3, k=4, unroll_length=5, timeout_s=0.05):
+def make_server(on_unroll, num_workers=3, k=4, unroll_length=5, timeout_s=0.05, act=policy):
     stop = threading.Event()
     server = InferenceServer(
-        jax.jit(policy), W, jax.random.PRNGKey(0),
+        jax.jit(act), W, jax.random.PRNGKey(0),
         step_specs(SPEC, {"logits": ArraySpec((4,), "float32")}),
         num_workers, k, unroll_length, on_unroll, stop, timeout_s=timeout_s,
     )
     return server, stop
+
+
+def run_workers(server, stop, work, num_workers=3, timeout_s=30):
+    """Runs `work(worker_id)` in a thread per worker, then stops the server."""
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(num_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    stop.set()
+    server.join(5)
 
 
 def worker_inputs(rng, k):
@@ -68,13 +79,7 @@ def test_batched_actions_match_unbatched_calls_per_slot():
             sent[w].append(inputs)
             got[w].append(server.step(w, 7, inputs))
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(num_workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    stop.set()
-    server.join(5)
+    run_workers(server, stop, worker, num_workers)
 
     for w in range(num_workers):
         for inputs, actions in zip(sent[w], got[w], strict=True):
@@ -184,21 +189,10 @@ def test_batches_pad_to_powers_of_two_up_to_every_workers_envs_and_no_further():
         traced.append(obs.shape[0])  # Once per compiled batch size.
         return policy(params, key, obs, state, first)
 
-    stop = threading.Event()
-    server = InferenceServer(
-        jax.jit(tracing), W, jax.random.PRNGKey(0),
-        step_specs(SPEC, {"logits": ArraySpec((4,), "float32")}),
-        3, 4, 5, lambda unroll, versions: None, stop, timeout_s=0.05)
+    server, stop = make_server(lambda unroll, versions: None, act=tracing)
     server.start()
     rng = np.random.default_rng(0)
-    threads = [threading.Thread(target=server.step, args=(w, 7, worker_inputs(rng, 4)))
-               for w in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    stop.set()
-    server.join(5)
+    run_workers(server, stop, lambda w: server.step(w, 7, worker_inputs(rng, 4)))
     assert server.steps == 12
     assert sorted(traced) == [4, 8, 12]  # 3 workers x 4 envs: 12, not 16.
 

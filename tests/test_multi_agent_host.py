@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from mpe2 import simple_spread_v3
 
+from tests.test_inference import run_workers
 from trellis.agents.impala.multi_agent import IImpalaBuilder, IImpalaConfig
 from trellis.agents.ppo.multi_agent import IPPOBuilder, IPPOConfig
 from trellis.builders.experiments.env_worker import step_format
@@ -95,13 +96,7 @@ def test_inference_serves_each_agent_with_its_policy_and_records_per_agent(agent
             sent[w].append(_worker_inputs(rng, k))
             got[w].append(server.step(w, 1, sent[w][-1]))
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    stop.set()
-    server.join(5)
+    run_workers(server, stop, worker, workers, timeout_s=60)
 
     logits = {policy: jax.jit(functools.partial(BUILDERS[agent][1], networks.policies[policy]))
               for policy in ("p", "q")}
