@@ -7,7 +7,7 @@ benchmarks/throughput.py (counted from the learner's start, so start-up is left 
 
 Usage: python benchmarks/scaling.py [--platforms local_mp,ray] [--max_workers N]
        [--workers 1,8,32] [--sleep_ms MS] [--envs_per_actor 32] [--env_steps 200000]
-       [--transport shm] [--repeats 1] [--out docs/scaling.png]
+       [--transport shm] [--repeats 1] [--out scaling.png]
 Workers go 1..N, N = the cores this process may use unless --max_workers is given, or
 through the counts --workers lists. --sleep_ms=MS runs the env `sleep:MS` (envs/sleep_env.py:
 each step sleeps MS ms and uses no CPU), whose ideal rate is workers x envs_per_actor / MS
@@ -93,7 +93,9 @@ def main() -> None:
     p.add_argument("--transport", default="shm", choices=("shm", "socket"),
                    help="how env workers reach inference (ExperimentConfig.transport)")
     p.add_argument("--repeats", type=int, default=1, help="runs per point; the median is kept")
-    p.add_argument("--out", default="docs/scaling.png")
+    # Not docs/scaling.png by default: a partial or exploratory run would overwrite the plot
+    # docs/benchmarks.md shows (ask for it with --out docs/scaling.png).
+    p.add_argument("--out", default="scaling.png")
     args = p.parse_args()
 
     cores = cpu_count()
