@@ -197,6 +197,35 @@ def test_batches_pad_to_powers_of_two_up_to_every_workers_envs_and_no_further():
     assert sorted(traced) == [4, 8, 12]  # 3 workers x 4 envs: 12, not 16.
 
 
+def test_serving_starts_with_the_largest_size_and_pads_to_smaller_ones_once_compiled():
+    release = threading.Event()
+    traced = []
+
+    def sized(params, key, obs, state, first):
+        n = obs.shape[0]  # The padded batch size, at trace time.
+        traced.append(n)
+        if n < 12:
+            release.wait(30)  # The smaller sizes compile only once released.
+        actions, extras, state = policy(params, key, obs, state, first)
+        return jnp.full_like(actions, n), extras, state
+
+    server, stop = make_server(lambda unroll, versions: None, act=sized)
+    server.start()
+    rng = np.random.default_rng(0)
+    try:
+        # One worker's 4 envs, served while only the largest size (3 workers x 4) is compiled.
+        assert server.step(0, 7, worker_inputs(rng, 4)).tolist() == [12] * 4
+        release.set()
+        deadline = time.monotonic() + 30
+        while server.step(0, 7, worker_inputs(rng, 4)).tolist() != [4] * 4:
+            assert time.monotonic() < deadline, "never padded to the size of 4"
+    finally:
+        release.set()
+        stop.set()
+        server.join(5)
+    assert sorted(traced) == [4, 8, 12]  # Each size traced once: calls run what compiled.
+
+
 def test_recorder_hands_over_the_params_version_of_each_step():
     out = []
     rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 1, 2, 3,

@@ -301,8 +301,8 @@ class InferenceServer:
       step_format: what the workers send and get back (`env_worker.step_format` of the env's
         spec); None: a single-agent env's, from `specs`. Multi-agent, the policy's `obs` is
         the step's `MultiAgentStep` and its actions {agent: [N, ...]}.
-      compiled: set once the policy is compiled for every batch size, when serving starts
-        (also if compiling fails); None: nothing is told.
+      compiled: set when serving starts, the policy compiled for the largest batch (also if
+        compiling fails); None: nothing is told.
     """
 
     def __init__(
@@ -343,6 +343,7 @@ class InferenceServer:
         # an earlier batch left there; their outputs are dropped.
         self._inputs = {name: self._specs[name].zeros((self._batch_sizes[-1],))
                         for name in self._format.inputs}
+        self._compiled_sizes: tuple[int, ...] = ()  # Ascending; a batch pads to one of them.
         self._timeout_s = timeout_s
         self._stop = stop
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -492,48 +493,63 @@ class InferenceServer:
         return request
 
     def _serve(self) -> None:
+        compiling = None
         try:
-            self._compile_batch_sizes()
+            compiling = self._compile_largest()
             self._compiled.set()
             self._serve_until_stopped()
         finally:
             self._compiled.set()  # Also when compiling failed: nothing waits on it forever.
             if self._hub is not None:
                 self._hub.close()  # Workers still waiting see EOF.
+            if compiling is not None:
+                compiling.join()  # Every size reaches the compilation cache.
 
-    def _compile_batch_sizes(self) -> None:
-        """Compiles the policy for every padded batch size it can be called with, up front,
-        all at once (XLA compiles outside the GIL: on a machine with many cores the first
-        env step waits for the slowest size, not for their sum; one after the other,
-        CartPole's five sizes for 14 workers took 0.9-1.5 s each on a 16-core GPU machine).
+    def _compile_largest(self) -> threading.Thread:
+        """Compiles the policy for the largest batch, which serving can start with (any batch
+        fits once padded to it), then the smaller sizes one by one in a thread; each batch is
+        padded to the smallest size compiled so far. On 2 cores with 32 env workers, the six
+        sizes compiled together took the learner's first 1.5 s with no env step served.
 
         Which sizes a run meets depends on how the workers' requests happen to meet, so
         compiling on first use would make a run's set of programs a matter of timing: a second
         run of the same config could still compile one (a miss in the persistent compilation
-        cache). All rows are padding (slot out of range), so no slot's state changes, and the
-        batch count is not advanced; each size acts on its own copy of the state, which a
-        call donates.
+        cache). All of them compile; the returned thread ends once they have.
         """
-        def run(n: int) -> None:
-            obs = self._format.policy_obs({name: v[:n] for name, v in self._inputs.items()})
-            args = (self._acting[0], self._key, np.uint32(0), obs, self._inputs["first"][:n])
-            if self._state:
-                slots = np.full(n, self._num_workers * self._k, np.int32)
-                state = {name: v.copy() for name, v in self._state.items()}
-                jax.block_until_ready(self._act(*args, slots, state))
-            else:
-                jax.block_until_ready(self._act(*args))
-
-        with concurrent.futures.ThreadPoolExecutor(len(self._batch_sizes), "compile") as pool:
-            compiling = [pool.submit(run, n) for n in self._batch_sizes]
+        largest = self._batch_sizes[-1]
+        with concurrent.futures.ThreadPoolExecutor(1, "compile") as pool:
+            compiled = pool.submit(lambda: self._lower(largest).compile())
             # Workers connect and send their first steps meanwhile: take them now. A hub
             # answers a connecting worker only when polled, and a worker gives up on shared
             # memory after 10 s (Pong's policy compiled for 25 s on a GPU: 13 of 14 workers
             # fell back to the socket).
-            while not all(done.done() for done in compiling):
+            while not compiled.done():
                 self._pending += self._ready(0.1)
-            for done in compiling:
-                done.result()
+            compiled.result()
+        self._compiled_sizes = (largest,)
+
+        def compile_the_rest() -> None:
+            for n in reversed(self._batch_sizes[:-1]):
+                self._lower(n).compile()
+                self._compiled_sizes = (n, *self._compiled_sizes)
+
+        compiling = threading.Thread(target=compile_the_rest, name="compile", daemon=False)
+        compiling.start()
+        return compiling
+
+    def _lower(self, n: int) -> jax.stages.Lowered:
+        """The policy lowered for a batch of n envs, with arguments of the kinds a batch's
+        call passes (so the call runs the program compiled from it)."""
+        obs = {name: self._specs[name].zeros((n,)) for name in self._format.inputs}
+        args = (self._acting[0], self._key, np.uint32(0), self._format.policy_obs(obs),
+                obs["first"])
+        if self._state:
+            return self._act.lower(*args, np.zeros(n, np.int32), self._initial)
+        return self._act.lower(*args)
+
+    def _padded(self, n: int) -> int:
+        """The smallest batch size compiled so far that holds n envs."""
+        return next(size for size in self._compiled_sizes if size >= n)
 
     def _serve_until_stopped(self) -> None:
         while not self._stop.is_set():
@@ -558,7 +574,7 @@ class InferenceServer:
         """Acts for every request, answers them all, then records the steps."""
         k, n = self._k, len(batch) * self._k
         workers = np.fromiter((r.worker_id for r in batch), np.intp, len(batch))
-        inputs = {name: buffer[:_bucket(n, self._largest)]
+        inputs = {name: buffer[:self._padded(n)]
                   for name, buffer in self._inputs.items()}
         for name, rows in inputs.items():
             gather(self._rows[name], workers, rows[:n])

@@ -209,7 +209,7 @@ class LearnerNode:
             self._stop))
         self._feed: UnrollFeed | ReplayFeed = unrolls if unrolls is not None else ReplayFeed(
             client, table.name, queue_spec.batch_size, self._stop)
-        # Beside the state's init and the policy's compiles (see `_Compiling`).
+        # Beside the state's init and the policy's first compile (see `_Compiling`).
         policy_compiled = threading.Event()
         self._compiled = _Compiling(self._learner, {} if unrolls is None else {
             size: self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
@@ -397,9 +397,10 @@ class _Compiling:
     compile again (a miss in the persistent compilation cache), and meanwhile the policy
     compiles and the env workers start. `first` is set once the smallest is compiled (or
     there is nothing to compile); the larger ones wait for `after_first` (the policy's
-    compiles): nothing needs them before the first update, and beside the policy's they
-    take cores and device time from the compiles the first env step waits for. Each size
-    compiled goes to `on_compiled` (the feed batches up to it from then on).
+    compile for its largest batch, with which serving starts): nothing needs them before
+    the first update, and beside it they take cores and device time from the compile the
+    first env step waits for. Each size compiled goes to `on_compiled` (the feed batches up
+    to it from then on).
 
     Args:
       batches: {batch size: the batch's shapes}, smallest first.
