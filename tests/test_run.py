@@ -36,17 +36,14 @@ def summary(logdir):
     else pytest.param(agent, platform, marks=pytest.mark.slow)
     for agent in AGENTS for platform in ("local_mt", "local_mp")])
 def test_learns_cartpole(agent, platform, tmp_path):
-    # Far above random (a solved policy scores 500) within 120k env steps: the first time the
-    # mean of 100 episodes gets there, not the mean at the budget, as IMPALA's curve can fall
-    # back for a while (a run of the default suite went from 259 at 86k env steps to 76 at
-    # 120k); solving is test_solves_cartpole's.
-    target = 4 * RANDOM_CARTPOLE_RETURN
     out = run([f"--agent={agent}", f"--platform={platform}", "--total_env_steps=120000",
-               f"--stop_at_return={target}", f"--logdir={tmp_path}"])
+               "--stop_at_return=none", f"--logdir={tmp_path}"])
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)
-    assert s["stopped_by"] == "return_target" and s["mean_return"] >= target, s
-    assert s["episodes"] >= 100 and s["learner_steps"] > 0
+    assert s["stopped_by"] == "budget" and s["env_steps"] >= 120000
+    assert s["episodes"] > 100 and s["learner_steps"] > 0
+    # Far above random after 120k steps (a solved policy scores 500).
+    assert s["mean_return"] > 4 * RANDOM_CARTPOLE_RETURN, s
     assert "summary: " in out.stdout and str(tmp_path) in out.stdout
     assert "steps/s" in out.stdout.splitlines()[0]  # Plain progress lines when not a TTY.
 
