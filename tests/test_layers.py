@@ -80,3 +80,24 @@ for name, overrides, unroll_queue in (("impala", {"core": "lstm"}, "local"),
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+
+
+def test_making_an_agents_networks_starts_no_jax_backend():
+    # The learner node makes the networks before its state's init, which runs on the host's
+    # CPU: a jax array made with them would run (and, on a GPU, compile) small programs on
+    # the default device on the start-up's critical path.
+    code = """
+import sys
+from jax._src import xla_bridge
+from trellis.agents.registry import agent_module
+from trellis.envs import EnvFactory
+for name, env in (("impala", "CartPole-v1"), ("ppo", "CartPole-v1"), ("dqn", "CartPole-v1"),
+                  ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("d4pg", "Pendulum-v1")):
+    module = agent_module(name)
+    module.Builder(module.Config()).make_networks(EnvFactory(env).spec())
+    if xla_bridge.backends_are_initialized():
+        sys.exit(f"{name}: making its networks started a JAX backend")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]

@@ -5,7 +5,7 @@ variant `ReplayLearner` (n-step transitions replayed in-process)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trellis import reverb_tables as rt
 from trellis.agents.common.replay import TransitionReplay
 from trellis.agents.common.training import get_hparams, set_hparams
-from trellis.builders.contract.agent import Training
+from trellis.builders.contract.agent import Training, init_device
 from trellis.builders.contract.config import ReplayConfig
 
 Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
@@ -29,15 +29,6 @@ Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
 # instead of 3.7 on a 2-core CPU, MinAtar's torso 0.7 s instead of 1.9) with the same state,
 # bit for bit (tests/test_impala_learner.py); level 0 would change the state's last bits.
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-
-
-def _init_device(devices: Iterable[jax.Device]) -> jax.Device:
-    """Where the init runs: the host's CPU, or the first learner device where JAX runs
-    without its CPU backend (JAX_PLATFORMS naming only an accelerator)."""
-    try:
-        return jax.devices("cpu")[0]
-    except RuntimeError:
-        return next(iter(devices))
 
 
 class DataParallelLearner:
@@ -89,7 +80,7 @@ class DataParallelLearner:
     def _state(self) -> Any:
         # Made at first use (a second or so of compiling), so a learner that restores a
         # checkpoint first does not pay for it twice. Assignments replace it.
-        key = jax.device_put(self._key, _init_device(self.mesh.devices.flat))
+        key = jax.device_put(self._key, init_device(self.mesh.devices.flat))
         init = jax.jit(self._init).lower(key).compile(compiler_options=INIT_COMPILER_OPTIONS)
         return jax.device_put(init(key), self._replicated)
 

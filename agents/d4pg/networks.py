@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from trellis.agents.common.continuous import (
     Bounds,
@@ -28,7 +28,7 @@ class D4PGNetworks:
     init_critic: Callable[[jax.Array], dict]
     policy: Callable[[dict, jax.Array], jax.Array]
     critic: Callable[[dict, jax.Array, jax.Array], jax.Array]
-    atoms: jax.Array
+    atoms: np.ndarray
     bounds: Bounds
     action_dim: int
 
@@ -44,14 +44,14 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_atoms: int, v_
     bounds = Bounds(spec.action_low, spec.action_high)
     policy = DeterministicPolicy(tuple(hidden_sizes), action_dim)
     critic = Critics(tuple(hidden_sizes), num_critics=1, num_outputs=num_atoms)
-    obs = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    action = jnp.zeros((1, action_dim), jnp.float32)
+    obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    action = np.zeros((1, action_dim), np.float32)
     return D4PGNetworks(
         init_policy=lambda key: policy.init(key, obs),
         init_critic=lambda key: critic.init(key, obs, action),
         policy=lambda params, obs: bounds.squash(policy.apply(params, obs)),
         critic=lambda params, obs, action: critic.apply(params, obs, action)[..., 0, :],
-        atoms=jnp.linspace(v_min, v_max, num_atoms),
+        atoms=np.linspace(v_min, v_max, num_atoms, dtype=np.float32),
         bounds=bounds,
         action_dim=action_dim,
     )

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trellis.agents.common import make_torso
 from trellis.envs.specs import EnvSpec
@@ -45,6 +46,6 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> DQNNetworks:
     if not spec.discrete:
         raise ValueError("DQN needs discrete actions; use --agent=ppo or sac for Box actions.")
     net = DuelingQNet(spec.num_actions, make_torso(spec, hidden_sizes))
-    dummy = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    dummy = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
     return DQNNetworks(init=lambda key: net.init(key, dummy), apply=net.apply,
                        num_actions=spec.num_actions)

@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from trellis.agents.common import (
@@ -94,8 +93,9 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
     def initial_state(n: int) -> dict[str, np.ndarray]:
         return lstm_initial_state(n, lstm_size) if recurrent else {}
 
-    dummy = jnp.zeros((1, 1) + spec.observation_shape, spec.observation_dtype)
-    first = jnp.ones((1, 1), bool)
+    # numpy, not jax arrays: building the networks runs no program on the device.
+    dummy = np.zeros((1, 1) + spec.observation_shape, spec.observation_dtype)
+    first = np.ones((1, 1), bool)
     return ImpalaNetworks(
         init=lambda key: net.init(key, dummy, first, initial_state(1)),
         apply=net.apply,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trellis.agents.common import ObservationNormalizer, diagonal_gaussian_log_prob, make_torso
 from trellis.envs.specs import EnvSpec
@@ -165,7 +166,7 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
         normalizer=(ObservationNormalizer(spec.observation_shape)
                     if normalize_observations and not spec.pixels else None),
     )
-    dummy = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    dummy = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
     return PPONetworks(
         init=lambda key: net.init(key, dummy), apply=net.apply, distribution=distribution
     )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trellis.agents.common import MLPTorso, diagonal_gaussian_log_prob
 from trellis.agents.common.continuous import Bounds, Critics, continuous_action_dim
@@ -87,8 +88,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], log_std_min: float
     action_dim = continuous_action_dim(spec, "SAC")
     policy = Policy(tuple(hidden_sizes), action_dim, log_std_min, log_std_max)
     critic = Critics(tuple(hidden_sizes), num_critics=2)
-    obs = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    action = jnp.zeros((1, action_dim), jnp.float32)
+    obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    action = np.zeros((1, action_dim), np.float32)
     return SACNetworks(
         init_policy=lambda key: policy.init(key, obs),
         init_critic=lambda key: critic.init(key, obs, action),

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from trellis.agents.common.continuous import (
     Bounds,
@@ -43,8 +43,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_critics: int,
     bounds = Bounds(spec.action_low, spec.action_high)
     policy = DeterministicPolicy(tuple(hidden_sizes), action_dim)
     critic = Critics(tuple(hidden_sizes), num_critics=num_critics)
-    obs = jnp.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    action = jnp.zeros((1, action_dim), jnp.float32)
+    obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    action = np.zeros((1, action_dim), np.float32)
     return TD3Networks(
         init_policy=lambda key: policy.init(key, obs),
         init_critic=lambda key: critic.init(key, obs, action),

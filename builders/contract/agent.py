@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
 __all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "SELF_PLAY", "STATE_PREFIX", "UNROLLS",
            "ArraySpec", "Builder", "Capabilities", "Learner", "Policy", "QueueSpec", "State",
-           "Training", "Update", "recorded_state", "state_specs"]
+           "Training", "Update", "init_device", "recorded_state", "state_specs"]
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
@@ -78,6 +78,19 @@ Policy = Callable[
     [Any, "jax.Array", "jax.Array", State, "jax.Array"],
     tuple["jax.Array", Mapping[str, "jax.Array"], State],
 ]
+
+
+def init_device(devices: Iterable[jax.Device]) -> jax.Device:
+    """Where a learner's one-off programs run (its keys, its state's init): the host's CPU,
+    or the first of `devices` where JAX runs without its CPU backend (JAX_PLATFORMS naming
+    only an accelerator). On a GPU each would otherwise compile for the GPU, autotuning
+    kernels it runs once, on the start-up's critical path (docs/benchmarks.md)."""
+    import jax  # Here, not at the top: see the import above.
+
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return next(iter(devices))
 
 
 def recorded_state(batch: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis.builders.contract.agent import (
-    Builder,
-)
+from trellis.builders.contract.agent import Builder, init_device
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
@@ -194,7 +192,8 @@ class LearnerNode:
                  stop_rule: StopRule | None = None):
         self._config = config
         spec = env_factory.spec()
-        learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
+        with jax.default_device(init_device(jax.local_devices())):  # Uncommitted: they move.
+            learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
         networks = builder.make_networks(spec)
         table = agent_table(builder, spec)
         client = None if replay is None else ReplayClient(replay)
