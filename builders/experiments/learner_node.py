@@ -192,7 +192,9 @@ class LearnerNode:
                  stop_rule: StopRule | None = None):
         self._config = config
         spec = env_factory.spec()
-        with jax.default_device(init_device(jax.local_devices())):  # Uncommitted: they move.
+        # On the host's CPU, as the state's init (`init_device`); uncommitted, so the learner
+        # and the policy still take them onto their devices.
+        with jax.default_device(init_device(jax.local_devices())):
             learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
         networks = builder.make_networks(spec)
         table = agent_table(builder, spec)
