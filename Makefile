@@ -21,8 +21,13 @@ $(STAMP): pyproject.toml setup.py Makefile
 run: setup
 	$(BIN)/python launch/run.py --agent=impala --platform=local_mp --env=CartPole-v1
 
+# Two pytest processes, each taking whole files (module fixtures compile once): most tests
+# wait on a process start or a compile, so two share 2 cores at 1.45x one's pace (697 s
+# against 1,000-1,070 s, docs/benchmarks.md). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
