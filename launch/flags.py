@@ -79,7 +79,9 @@ class RunOptions(Config):
     ray_address: str | None = setting(
         None, "--platform=ray: 'auto' or HOST:PORT joins a running Ray cluster; none starts a "
         "local Ray instance for this run (docs/cluster.md)")
-    logdir: str | None = setting(None, "run directory; none: runs/AGENT-ENV-TIME")
+    logdir: str | None = setting(
+        None, "run directory, not one holding a run (--resume continues those); none: "
+        "runs/AGENT-ENV-TIME")
     quiet: bool = setting(False, "no progress output")
     preset: str | None = setting(
         None, "a published source's settings for the agent on a family of envs (atari: "

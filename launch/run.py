@@ -28,7 +28,7 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 # Only light imports at module level: local_mp starts node processes with spawn, which re-runs
 # this module's top level in each of them, and env workers must not pay for importing JAX. The
 # agents and the experiment layer are imported in `build` and `train`, in the launcher only.
-from trellis.builders.experiments.rundir import new_run_dir  # noqa: E402
+from trellis.builders.experiments.rundir import CONFIG, new_run_dir  # noqa: E402
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse, platform_of  # noqa: E402
 
 
@@ -51,6 +51,13 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
         print(f"run.py: error: {e}", file=sys.stderr)
         return 2
     options = run.options
+    if (options.logdir is not None and options.resume is None
+            and os.path.exists(os.path.join(options.logdir, CONFIG))):
+        # Its metrics, checkpoints and summary would mix with this run's.
+        print(f"run.py: error: --logdir={options.logdir} holds a run already ({CONFIG}): "
+              f"--resume={options.logdir} continues it; a new run needs a new directory",
+              file=sys.stderr)
+        return 2
     run_dir = options.logdir or new_run_dir(options.agent, options.env)
     cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:

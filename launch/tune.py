@@ -123,12 +123,12 @@ def parse_sweep(argv: Sequence[str]):
         search[name] = dimension
     if not search and options.scheduler == "pbt":
         raise UsageError("--scheduler=pbt needs at least one --search setting to perturb")
-    sweep_dir = options.restore or run.options.logdir or new_run_dir(
-        run.options.agent, run.options.env, root="sweeps")
     try:
         _, env_factory = run.build()
     except ValueError as e:
         raise UsageError(str(e)) from None
+    sweep_dir = options.restore or run.options.logdir or new_run_dir(
+        run.options.agent, run.options.env, root="sweeps")
     return SweepSpec(
         agent=run.options.agent, platform=run.options.platform,
         env_factory=env_factory, options=run.saved_options(),

@@ -1,11 +1,15 @@
 """The run directory: every file there and valid; plot.py; evaluate.py; bad checkpoints."""
 
+import concurrent.futures
+import datetime
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import threading
+import types
 
 import numpy as np
 import pytest
@@ -146,6 +150,41 @@ def test_resume_without_checkpoint_is_one_clear_error(tmp_path):
     _one_line_error(out, str(tmp_path / "empty" / "checkpoints"))
     out = script("run.py", [f"--resume={tmp_path / 'nowhere'}"], timeout=60)
     _one_line_error(out, str(tmp_path / "nowhere" / "config.json"))
+
+
+def test_a_logdir_that_holds_a_run_is_one_clear_error_and_left_as_it_was(run_dir):
+    files = {name: open(os.path.join(run_dir, name), "rb").read()
+             for name in ("config.json", "metrics.jsonl", "summary.json")}
+    out = script("run.py", ["--platform=local_mt", "--total_env_steps=2000",
+                            f"--logdir={run_dir}"], timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [
+        f"run.py: error: --logdir={run_dir} holds a run already (config.json): "
+        f"--resume={run_dir} continues it; a new run needs a new directory"]
+    assert {name: open(os.path.join(run_dir, name), "rb").read() for name in files} == files
+
+
+def test_runs_started_in_the_same_second_get_a_directory_each(tmp_path, monkeypatch):
+    from trellis.builders.experiments import rundir
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 11, 27, 6, 0, 15)
+
+    monkeypatch.setattr(rundir, "datetime", types.SimpleNamespace(datetime=Frozen))
+    root = str(tmp_path / "runs")
+    together = threading.Barrier(8)
+
+    def new(_):
+        together.wait()
+        return rundir.new_run_dir("impala", "CartPole-v1", root=root)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(new, range(8)))
+    base = os.path.join(root, "impala-CartPole-v1-20261127-060015")
+    assert sorted(paths) == sorted([base] + [f"{base}-{n}" for n in range(2, 9)])
+    assert all(os.path.isdir(path) for path in paths)
 
 
 @pytest.mark.parametrize("tool", ["run.py", "evaluate.py"])

@@ -215,6 +215,16 @@ class RunWriter:
 
 
 def new_run_dir(agent: str, env: str, root: str = "runs") -> str:
-    """`runs/<agent>-<env>-<time>` (not created)."""
+    """Creates `runs/<agent>-<env>-<time>` and returns its path; `-2`, `-3`, ... are appended
+    when runs started in the same second (one per seed, say) would share the name."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join(root, f"{agent}-{env.replace('/', '_')}-{stamp}")
+    base = os.path.join(root, f"{agent}-{env.replace('/', '_')}-{stamp}")
+    os.makedirs(root, exist_ok=True)
+    path, n = base, 1
+    while True:
+        try:
+            os.mkdir(path)  # Atomic: of two processes asking for one name, one gets it.
+            return path
+        except FileExistsError:
+            n += 1
+            path = f"{base}-{n}"
