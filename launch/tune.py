@@ -95,8 +95,9 @@ def parse_sweep(argv: Sequence[str]):
     Raises:
       UsageError: bad input, one line.
     """
-    from trellis.builders.experiments.tuning import (
-        SweepSpec,  # Ray Tune: only once the line is read.
+    from trellis.builders.experiments.tuning import (  # Ray Tune: only once the line is read.
+        TUNE_DIR,
+        SweepSpec,
     )
 
     specs, rest = split_search(argv)
@@ -123,6 +124,11 @@ def parse_sweep(argv: Sequence[str]):
         search[name] = dimension
     if not search and options.scheduler == "pbt":
         raise UsageError("--scheduler=pbt needs at least one --search setting to perturb")
+    logdir = run.options.logdir
+    if (options.restore is None and logdir is not None
+            and os.path.exists(os.path.join(logdir, TUNE_DIR))):  # Its trials would mix.
+        raise UsageError(f"--logdir={logdir} holds a sweep already ({TUNE_DIR}/): "
+                         f"--restore={logdir} resumes it; a new sweep needs a new directory")
     try:
         _, env_factory = run.build()
     except ValueError as e:

@@ -107,6 +107,17 @@ def test_bad_command_lines_are_one_line_and_exit_code_2(argv, message, capsys):
     assert err.count("\n") == 1
 
 
+def test_a_logdir_that_holds_a_sweep_is_one_line_and_exit_code_2(tmp_path, capsys):
+    pytest.importorskip("ray.tune")
+    os.makedirs(tmp_path / "tune")  # What a sweep leaves: Tune's own directory.
+    argv = ["--search", "learning_rate=loguniform:1e-4:1e-2", f"--logdir={tmp_path}"]
+    assert tune.main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"tune.py: error: --logdir={tmp_path} holds a sweep already (tune/): "
+        f"--restore={tmp_path} resumes it; a new sweep needs a new directory\n")
+    assert os.listdir(tmp_path) == ["tune"]
+
+
 def test_the_script_exits_2_on_a_bad_search_space():
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "launch", "tune.py"), "--search",
