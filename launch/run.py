@@ -28,7 +28,12 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 # Only light imports at module level: local_mp starts node processes with spawn, which re-runs
 # this module's top level in each of them, and env workers must not pay for importing JAX. The
 # agents and the experiment layer are imported in `build` and `train`, in the launcher only.
-from trellis.builders.experiments.rundir import CONFIG, new_run_dir  # noqa: E402
+from trellis.builders.experiments.rundir import (  # noqa: E402
+    CONFIG,
+    RunDirInUse,
+    claim,
+    new_run_dir,
+)
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse, platform_of  # noqa: E402
 
 
@@ -61,7 +66,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     run_dir = options.logdir or new_run_dir(options.agent, options.env)
     cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:
-        with compile_cache(cache):
+        with claim(run_dir), compile_cache(cache):
             summary = run_experiment(
                 builder, env_factory, run.experiment, run_dir, platform=run.platform(),
                 quiet=options.quiet,
@@ -71,6 +76,9 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
                 extra_metrics={"learning_rate": run.agent.learning_rate})
     except CheckpointError as e:
         print(f"run.py: error: --resume: {e}", file=sys.stderr)
+        return 2
+    except RunDirInUse as e:
+        print(f"run.py: error: {e}", file=sys.stderr)
         return 2
     # UnknownEnvError: a package an env's module needs (pettingzoo's pistonball: pymunk) is
     # found missing only when the checks make an env.

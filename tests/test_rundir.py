@@ -164,6 +164,20 @@ def test_a_logdir_that_holds_a_run_is_one_clear_error_and_left_as_it_was(run_dir
     assert {name: open(os.path.join(run_dir, name), "rb").read() for name in files} == files
 
 
+def test_a_resume_of_a_run_still_going_is_one_clear_error_and_changes_nothing(run_dir):
+    from trellis.builders.experiments.rundir import claim
+
+    files = {name: open(os.path.join(run_dir, name), "rb").read()
+             for name in ("config.json", "metrics.jsonl", "summary.json")}
+    with claim(run_dir):  # As the run.py writing there holds it.
+        out = script("run.py", [f"--resume={run_dir}", "--total_env_steps=40000"], timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [
+        f"run.py: error: {run_dir} is in use by another run (pid {os.getpid()}): wait until "
+        "it stops"]
+    assert {name: open(os.path.join(run_dir, name), "rb").read() for name in files} == files
+
+
 def test_runs_started_in_the_same_second_get_a_directory_each(tmp_path, monkeypatch):
     from trellis.builders.experiments import rundir
 

@@ -7,13 +7,16 @@
       summary.json         how and when the run stopped
       learning_curve.png   return vs env steps and vs wall time (launch/plot.py)
       checkpoints/         learner checkpoints (builders/experiments/checkpointing.py)
+      .lock                held by the run.py writing here (`claim`)
 
 Nothing here imports JAX: the launcher process only writes files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import importlib.metadata
 import json
 import math
@@ -21,12 +24,14 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Iterator
 from typing import Any
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 SUMMARY = "summary.json"
 CURVE = "learning_curve.png"
+LOCK = ".lock"
 # config.json's sections: the settings (the command line's options, ExperimentConfig, the
 # agent's config; launch/flags.py reads them back), then the run's record (created, versions,
 # git commit, one entry per session), which is not a setting.
@@ -228,3 +233,32 @@ def new_run_dir(agent: str, env: str, root: str = "runs") -> str:
         except FileExistsError:
             n += 1
             path = f"{base}-{n}"
+
+
+class RunDirInUse(RuntimeError):
+    """Another process writes the run directory."""
+
+
+@contextlib.contextmanager
+def claim(run_dir: str) -> Iterator[None]:
+    """Holds `run_dir` for this process while inside: a second claim, e.g. `--resume` of a
+    run still going, fails at once instead of mixing its checkpoints and metrics with the
+    first's. An advisory lock on RUN_DIR/.lock, which the kernel drops when its holder dies
+    (a run killed with kill -9 resumes as before).
+
+    Raises:
+      RunDirInUse: another process holds it (the message names its pid).
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, LOCK), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise RunDirInUse(f"{run_dir} is in use by another run (pid {holder}): wait until "
+                              "it stops") from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
