@@ -109,8 +109,8 @@ def test_minatar_torso():
 # The MinAtar paper's Breakout (Young & Tian, 2019: its learning curves, also in the
 # MinAtar README), the mean return over 100 episodes at 5M frames: AC(lambda=0.8), its best
 # agent there, ends near 17.5, DQN near 10. Both agents reach AC(0.8)'s level, though not in
-# every run (docs/benchmarks.md, "MinAtar"): IMPALA with these settings at 1.53M, 2.66M and
-# 3.89M frames in seeds 1-3 (seed 0 ended at 16.74), APPO (one torso for both heads) at 4.72M
+# every run (docs/benchmarks.md, "MinAtar"): IMPALA with these settings in 7 of seeds 0-7,
+# at 1.53M-3.89M frames (seed 0 ended at 16.74), APPO (one torso for both heads) at 4.72M
 # and 3.82M in seeds 0 and 1. IMPALA learns from 16 unrolls per update (fixed batches): auto
 # batches of 32-64 on 2 cores gave half the updates per frame (12.07 at 5M).
 BREAKOUT_FRAMES = 5_000_000

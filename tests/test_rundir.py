@@ -152,30 +152,37 @@ def test_resume_without_checkpoint_is_one_clear_error(tmp_path):
     _one_line_error(out, str(tmp_path / "nowhere" / "config.json"))
 
 
+def _written(run_dir):
+    """What a run wrote that a second run.py on its directory could change."""
+    def read(name):
+        with open(os.path.join(run_dir, name), "rb") as f:
+            return f.read()
+
+    return {name: read(name) for name in ("config.json", "metrics.jsonl", "summary.json")}
+
+
 def test_a_logdir_that_holds_a_run_is_one_clear_error_and_left_as_it_was(run_dir):
-    files = {name: open(os.path.join(run_dir, name), "rb").read()
-             for name in ("config.json", "metrics.jsonl", "summary.json")}
+    files = _written(run_dir)
     out = script("run.py", ["--platform=local_mt", "--total_env_steps=2000",
                             f"--logdir={run_dir}"], timeout=60)
     assert out.returncode == 2, out.stderr
     assert out.stderr.splitlines() == [
         f"run.py: error: --logdir={run_dir} holds a run already (config.json): "
         f"--resume={run_dir} continues it; a new run needs a new directory"]
-    assert {name: open(os.path.join(run_dir, name), "rb").read() for name in files} == files
+    assert _written(run_dir) == files
 
 
 def test_a_resume_of_a_run_still_going_is_one_clear_error_and_changes_nothing(run_dir):
     from trellis.builders.experiments.rundir import claim
 
-    files = {name: open(os.path.join(run_dir, name), "rb").read()
-             for name in ("config.json", "metrics.jsonl", "summary.json")}
+    files = _written(run_dir)
     with claim(run_dir):  # As the run.py writing there holds it.
         out = script("run.py", [f"--resume={run_dir}", "--total_env_steps=40000"], timeout=60)
     assert out.returncode == 2, out.stderr
     assert out.stderr.splitlines() == [
         f"run.py: error: {run_dir} is in use by another run (pid {os.getpid()}): wait until "
         "it stops"]
-    assert {name: open(os.path.join(run_dir, name), "rb").read() for name in files} == files
+    assert _written(run_dir) == files
 
 
 def test_runs_started_in_the_same_second_get_a_directory_each(tmp_path, monkeypatch):
