@@ -23,7 +23,11 @@ from trellis.builders.experiments.feeds import (
     batch_sizes,
     max_unrolls,
 )
-from trellis.builders.experiments.learner_node import PolicyLag, out_of_memory_message
+from trellis.builders.experiments.learner_node import (
+    PolicyLag,
+    inference_batch_mean,
+    out_of_memory_message,
+)
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.unroll_queue import LocalUnrollQueue
 from trellis.envs import EnvFactory
@@ -188,6 +192,12 @@ def test_policy_lag_is_updates_between_acting_and_learning_over_the_interval():
     lag.add(np.array([[0], [6]]), learner_steps=7)  # Lags 7 1.
     assert lag.take() == {"policy_lag_mean": 14 / 8, "policy_lag_max": 7.0}
     assert lag.take() == {}  # Taken: the next interval starts empty.
+
+
+def test_inference_batch_mean_is_env_steps_per_policy_call_over_the_interval():
+    # 3 calls since the last log: 96 env steps (say 2 + 1 + 3 workers of 16 envs).
+    assert inference_batch_mean((1096, 53), (1000, 50)) == {"inference_batch_mean": 32.0}
+    assert inference_batch_mean((1000, 50), (1000, 50)) == {}  # No call: nothing to report.
 
 
 def test_feed_put_on_a_full_queue_gives_up_at_the_stop():

@@ -85,9 +85,13 @@ def test_run_dir_has_every_file_and_each_is_valid(run_dir):
     last = records[-1]
     for field in ("learner_steps", "wall_time_s", "env_steps_per_s", "return_mean",
                   "return_min", "return_max", "learning_rate", "queue_size", "restarts",
-                  "learner/loss", "policy_lag_mean", "policy_lag_max"):
+                  "learner/loss", "policy_lag_mean", "policy_lag_max", "inference_batch_mean"):
         assert field in last, (field, last)
     assert 0 <= last["policy_lag_mean"] <= last["policy_lag_max"]
+    # From one worker's envs per policy call to every worker's.
+    experiment = config["experiment"]
+    assert (experiment["envs_per_actor"] <= last["inference_batch_mean"]
+            <= experiment["num_actors"] * experiment["envs_per_actor"]), last
     assert last["return_min"] <= last["return_mean"] <= last["return_max"]
     evals = [r for r in records if "eval_return_mean" in r]
     assert evals and evals[0]["eval_episodes"] == 4
@@ -98,7 +102,7 @@ def test_run_dir_has_every_file_and_each_is_valid(run_dir):
     events = read_events(os.path.join(run_dir, event_files[0]))
     tags = {v.tag for e in events for v in e.summary.value}
     assert {"train/return_mean", "learner/loss", "eval/return_mean", "train/policy_lag_mean",
-            "train/policy_lag_max"} <= tags, tags
+            "train/policy_lag_max", "train/inference_batch_mean"} <= tags, tags
     returns = [(e.step, v.simple_value) for e in events for v in e.summary.value
                if v.tag == "train/return_mean"]
     assert returns[-1] == (last["env_steps"], pytest.approx(last["return_mean"]))

@@ -111,6 +111,14 @@ class FiniteCheck:
                 f"may help)")
 
 
+def inference_batch_mean(served: tuple[int, int], before: tuple[int, int]) -> dict[str, float]:
+    """{inference_batch_mean: env steps per policy call} between two of inference's (steps,
+    batches) counts; {} if it made no call. How well the serving thread batches: from one
+    worker's envs (every call one request) to every env (every worker in each call)."""
+    steps, calls = served[0] - before[0], served[1] - before[1]
+    return {"inference_batch_mean": steps / calls} if calls else {}
+
+
 class PolicyLag:
     """Policy lag of the batches learned from since the last `take`: for each step, the
     learner updates between the params that acted there and the update that learns from it
@@ -257,6 +265,7 @@ class LearnerNode:
         self._prefetch = Prefetch(
             self._feed, lambda batch: self._learner.place(self._format.nest(batch)), self._stop)
         self._lag = PolicyLag()
+        self._served = (0, 0)  # Inference's (steps, batches) at the last log.
         self._finite = FiniteCheck()
         self._startup = StartupTimes(self._counter.snapshot())
         self._metrics: dict[str, float] = {}
@@ -373,8 +382,10 @@ class LearnerNode:
             self._counter.add_learner_step()
             self._finite.add(metrics, snapshot.learner_steps + 1)
             if self._log_timer.due():
+                served = (self._inference.steps, self._inference.batches)
                 self._metrics = {**{k: float(v) for k, v in jax.device_get(metrics).items()},
-                                 **self._lag.take()}
+                                 **self._lag.take(), **inference_batch_mean(served, self._served)}
+                self._served = served
         return None
 
     def _save_checkpoint(self, snapshot: CounterSnapshot) -> None:

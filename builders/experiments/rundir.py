@@ -44,7 +44,7 @@ _STATS_KEYS = {
     "env_steps", "learner_steps", "episodes", "mean_return", "min_return", "max_return",
     "returns_in_window", "mean_episode_length", "evaluation", "elapsed_s", "resumes",
     "env_steps_per_s", "inference_batches", "slot_resets", "queue_size", "policy_lag_mean",
-    "policy_lag_max",
+    "policy_lag_max", "inference_batch_mean",
 }
 
 
@@ -114,7 +114,8 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
     episodes, env_steps_per_s, return_mean/min/max and episode_length_mean over the return
     window, queue_size, policy_lag_mean and policy_lag_max (learner updates between the
     params that acted and the update that learned from it, over the log interval; agents
-    fed unrolls in order), restarts (env-worker restarts seen by inference), resumes, the
+    fed unrolls in order), inference_batch_mean (env steps per policy call of the central
+    inference over the log interval), restarts (env-worker restarts seen by inference), resumes, the
     learner's metrics as `learner/<name>`, and `extra` (e.g. learning_rate).
     """
     record: dict[str, Any] = {
@@ -131,6 +132,7 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
         "queue_size": stats.get("queue_size"),
         "policy_lag_mean": stats.get("policy_lag_mean"),
         "policy_lag_max": stats.get("policy_lag_max"),
+        "inference_batch_mean": stats.get("inference_batch_mean"),
         "restarts": stats.get("slot_resets", 0),
         "resumes": stats.get("resumes", 0),
     }
