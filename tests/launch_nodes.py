@@ -29,6 +29,11 @@ class Echo:
     def pid(self) -> int:
         return os.getpid()
 
+    def niceness(self) -> int:
+        """The calling thread's (Linux keeps one per thread; threads start with their
+        creator's)."""
+        return os.nice(0)
+
     def labels(self) -> tuple[str | None, str | None]:
         return runtime.node_label(), os.environ.get("TRELLIS_NODE_LABEL")
 

@@ -37,6 +37,9 @@ def test_killed_env_worker_is_restarted_and_the_run_finishes(platform, capfd):
         before = learner.stats()
         assert before["slot_resets"] == 0 and before["learner_steps"] > 0
         old_pid = victim.pid()
+        if platform == "local_mp":  # Env workers yield the cores to the learner's process.
+            assert os.getpriority(os.PRIO_PROCESS, old_pid) == min(
+                19, os.getpriority(os.PRIO_PROCESS, 0) + config.actor_nice)
         os.kill(old_pid, signal.SIGKILL)
         result = running.wait(timeout=90)
         assert result is not None, "the run did not finish after the restart"

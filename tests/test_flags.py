@@ -33,6 +33,8 @@ def _other_value(s):
     if s.kind is bool:
         return not s.default
     if s.kind is int:
+        if (d.le is not None or d.lt is not None) and s.default > 1:
+            return s.default // 2  # Within the bound (actor_nice's 19).
         return 2 * s.default if s.default else 1  # Doubling keeps PPO's minibatches dividing.
     if s.kind is float:
         if s.default in (None, 0):

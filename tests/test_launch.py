@@ -255,6 +255,33 @@ def test_max_restarts_must_be_a_count():
             pass
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_nice_group_runs_its_processes_at_a_lower_priority(platform):
+    program = runtime.Program("nice")
+    with program.group("low", nice=5):
+        low = program.add_node(runtime.CourierNode(nodes.Echo))
+    usual = program.add_node(runtime.CourierNode(nodes.Echo), label="usual")
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    running = runtime.launch(program, platform=platform, block=False)
+    try:
+        low_pid, usual_pid = low.dereference().pid(), usual.dereference().pid()
+        if platform == "local_mp":
+            assert os.getpriority(os.PRIO_PROCESS, low_pid) == min(19, ours + 5)
+            assert os.getpriority(os.PRIO_PROCESS, usual_pid) == ours
+        else:  # Threads of this process: the platform leaves the process's priority alone.
+            assert low_pid == usual_pid == os.getpid()
+            assert os.getpriority(os.PRIO_PROCESS, 0) == ours
+    finally:
+        running.stop()
+
+
+def test_nice_must_be_an_int_from_0_to_19():
+    for bad in (-1, 20, 2.5):
+        with pytest.raises(ValueError, match=f"nice must be an int in \\[0, 19\\], got {bad}"):
+            with runtime.Program("p").group("g", nice=bad):
+                pass
+
+
 def _launch_script() -> tuple[subprocess.Popen, list[int]]:
     process = subprocess.Popen(
         [sys.executable, "-c", nodes.SIGNAL_SCRIPT],

@@ -104,6 +104,19 @@ def test_node_actors_do_not_preallocate_accelerator_memory(monkeypatch, mark):
     _assert_no_ray_processes(mark)
 
 
+def test_a_nice_group_runs_its_nodes_at_a_lower_priority(mark):
+    program = runtime.Program("nice")
+    with program.group("low", nice=5):
+        low = program.add_node(runtime.CourierNode(nodes.Echo))
+    usual = program.add_node(runtime.CourierNode(nodes.Echo), label="usual")
+    with runtime.launch(program, platform="ray", block=False):
+        # Ray starts its workers at a niceness of its own (15 here); the node's thread, and the
+        # threads it starts (the RPC server's, which answer), run nicer by the group's.
+        usual_nice = usual.dereference().niceness()
+        assert low.dereference().niceness() == min(19, usual_nice + 5)
+    _assert_no_ray_processes(mark)
+
+
 @pytest.mark.parametrize("xla_flags", [None, "--xla_gpu_autotune_level=1"])
 def test_node_actors_get_the_launchers_xla_flags(xla_flags, monkeypatch):
     """A cluster's other hosts do not inherit the launcher's environment: XLA_FLAGS (run.py's

@@ -337,7 +337,8 @@ def make_es_program(builder: Builder, env_factory: EnvFactory, config: Experimen
     with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(runtime.CourierNode(
             ESLearnerNode, builder, env_factory, config, checkpoints, stop_rule))
-    with program.group("actor", max_restarts=config.max_actor_restarts, resources={"CPU": 1}):
+    with program.group("actor", max_restarts=config.max_actor_restarts, resources={"CPU": 1},
+                       nice=config.actor_nice):
         for i in range(config.num_actors):
             seed = config.seed * 10_007 + i + 1  # Distinct per worker, reproducible per run.
             program.add_node(runtime.CourierNode(

@@ -63,7 +63,7 @@ def make_program(
     # A restarted env worker comes back with a new run id; inference then drops its partial
     # unrolls, so no unroll spans the restart.
     with program.group("actor", max_restarts=config.max_actor_restarts,
-                       resources={"CPU": 1}):
+                       resources={"CPU": 1}, nice=config.actor_nice):
         for i in range(config.num_actors):
             seed = config.seed * 10_007 + i + 1  # Distinct per actor, reproducible per run.
             program.add_node(runtime.CourierNode(

@@ -96,7 +96,7 @@ class Backend:
         process = self._context.Process(
             target=child_main,
             args=(node.label, node.address, self._payloads[node.label], writer,
-                  PipeStopEvent(self._stop_reader), os.getpid(), restarts),
+                  PipeStopEvent(self._stop_reader), os.getpid(), restarts, node.nice),
             name=f"trellis:{node.label}",
         )
         with _blocking(_GROUP_SIGNALS):
@@ -220,6 +220,7 @@ def child_main(
     stop_event: PipeStopEvent,
     launcher_pid: int,
     restarts: int = 0,
+    nice: int = 0,
 ) -> None:
     """Entry point of a node process (runs under `spawn`).
 
@@ -232,7 +233,10 @@ def child_main(
       launcher_pid: the launcher's pid; the node exits when its parent changes.
       restarts: how many times the launcher restarted this node before (see
         `launch.restart_count`).
+      nice: added to the process's niceness (its group's `nice`) before anything else, the
+        node's imports included.
     """
+    os.nice(nice)
     # Set before unpickling: the node's imports may look at it (e.g. to pick log files).
     os.environ["TRELLIS_NODE_LABEL"] = label
     # Several nodes of one host may each put JAX on its accelerator: none may take most of the

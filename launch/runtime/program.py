@@ -86,6 +86,9 @@ class Node:
         self.max_restarts = 0
         #: What the node asks of a cluster platform, e.g. {"CPU": 1} (set by its group).
         self.resources: dict[str, float] = {}
+        #: How much nicer (lower in CPU priority) than its launcher the node's process runs
+        #: (set by its group).
+        self.nice = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # The handle points back at this node; drop it so only the arguments travel.
@@ -240,6 +243,12 @@ class _Group:
     nodes: list[Node] = dataclasses.field(default_factory=list)
     max_restarts: int = 0
     resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    nice: int = 0
+
+    def configure(self, node: Node) -> None:
+        """Gives `node` the group's settings."""
+        node.max_restarts, node.resources, node.nice = (
+            self.max_restarts, dict(self.resources), self.nice)
 
 
 class Program:
@@ -270,7 +279,7 @@ class Program:
     @contextlib.contextmanager
     def group(
         self, label: str, max_restarts: int | None = None,
-        resources: dict[str, float] | None = None,
+        resources: dict[str, float] | None = None, nice: int | None = None,
     ) -> Iterator[None]:
         """Nodes added inside this block belong to group `label`.
 
@@ -282,13 +291,20 @@ class Program:
           resources: what each node of the group asks of a cluster platform (`ray`): "CPU",
             "GPU", custom resources, or "accelerator" (GPUs where the cluster has them);
             None keeps the group's setting. Platforms on one machine ignore it.
+          nice: how much nicer than the launcher (`os.nice`, 0-19) each node's process runs,
+            so that where the cores are short, other nodes' processes get them first;
+            platforms that run nodes as processes (`local_mp`, `ray`) apply it, `local_mt`
+            (threads of one process) does not. None keeps the group's setting (0 unless set).
 
         Raises:
-          ValueError: a nested group, a bad label or a negative `max_restarts`.
+          ValueError: a nested group, a bad label, a negative `max_restarts` or a `nice`
+            outside 0-19.
         """
         _check_label(label)
         if max_restarts is not None and (not isinstance(max_restarts, int) or max_restarts < 0):
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        if nice is not None and (not isinstance(nice, int) or not 0 <= nice <= 19):
+            raise ValueError(f"nice must be an int in [0, 19], got {nice!r}")
         if self._current_group is not None:
             raise ValueError(
                 f"groups do not nest: group('{label}') opened inside group('{self._current_group}')"
@@ -299,8 +315,10 @@ class Program:
             group.max_restarts = max_restarts
         if resources is not None:
             group.resources = dict(resources)
+        if nice is not None:
+            group.nice = nice
         for node in group.nodes:
-            node.max_restarts, node.resources = group.max_restarts, dict(group.resources)
+            group.configure(node)
         try:
             yield
         finally:
@@ -332,7 +350,7 @@ class Program:
         _check_label(group_label)
         group = self._groups.setdefault(group_label, _Group(group_label))
         group.nodes.append(node)
-        node.max_restarts, node.resources = group.max_restarts, dict(group.resources)
+        group.configure(node)
         node._handle = Handle(node)
         self._relabel(group)
         return node._handle

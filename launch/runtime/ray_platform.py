@@ -67,7 +67,10 @@ class _NodeActor:
         return host, rpc.free_port(host), ray.get_runtime_context().get_node_id()
 
     def run_node(self, label: str, address: rpc.TcpAddress | None, payload: bytes,
-                 restarts: int) -> bool:
+                 restarts: int, nice: int) -> bool:
+        # Linux keeps a niceness per thread: this one runs the node and starts its threads
+        # (Ray's own threads keep the niceness Ray starts its workers with).
+        os.nice(nice)
         os.environ["TRELLIS_NODE_LABEL"] = label
         context = NodeContext(label, self._stop, self._statuses.put, restarts)
         return program_lib.execute_in_process(payload, context, address)
@@ -192,7 +195,7 @@ class Backend:
     def _run(self, node: program_lib.Node, restarts: int) -> None:
         actor = self._actors[node.label]
         actor.run_ref = actor.handle.run_node.remote(
-            node.label, node.address, self._payloads[node.label], restarts)
+            node.label, node.address, self._payloads[node.label], restarts, node.nice)
         actor.ended = False
         actor.status_ref = actor.handle.statuses.remote(_STATUS_POLL_S)
 
