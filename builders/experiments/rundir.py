@@ -118,8 +118,8 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
     window, queue_size, policy_lag_mean and policy_lag_max (learner updates between the
     params that acted and the update that learned from it, over the log interval; agents
     fed unrolls in order), inference_batch_mean (env steps per policy call of the central
-    inference over the log interval), restarts (env-worker restarts seen by inference), resumes, the
-    learner's metrics as `learner/<name>`, and `extra` (e.g. learning_rate).
+    inference over the log interval), restarts (env-worker restarts seen by inference),
+    resumes, the learner's metrics as `learner/<name>`, and `extra` (e.g. learning_rate).
     """
     record: dict[str, Any] = {
         "time": round(time.time(), 3),
@@ -152,10 +152,10 @@ class _NoTorchForThisThread(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self._thread = threading.get_ident()
 
-    def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201 -- importlib's API.
-        if name == "torch" and threading.get_ident() == self._thread:
-            raise ModuleNotFoundError("not imported for TensorBoard", name=name)
-        return None
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == "torch" and threading.get_ident() == self._thread:
+            raise ModuleNotFoundError("not imported for TensorBoard", name=fullname)
+        return None  # Not ours to find: the next finders look.
 
 
 def _summary_writer() -> type:
@@ -188,7 +188,7 @@ class RunWriter:
     """
 
     def __init__(self, run_dir: str, resume_env_steps: int | None = None):
-        SummaryWriter = _summary_writer()  # noqa: N806 -- a class.
+        SummaryWriter = _summary_writer()
 
         self.run_dir = run_dir
         os.makedirs(run_dir, exist_ok=True)
