@@ -92,9 +92,13 @@ class Run:
         while pending:
             for child in _children(pending.pop()):
                 start = _start_time(child)
-                if start is not None and child not in self.seen:
-                    # Read now: an exiting process's command line reads empty.
-                    self.seen[child] = (start, _cmdline(child))
+                if start is not None and self.seen.get(child, (start,))[0] == start:
+                    # Read at every sight: one seen between its fork and its exec shows
+                    # run.py's command line (multiprocessing's resource tracker, taken for a
+                    # node once), and an exiting process's reads empty (the last kept).
+                    cmdline = _cmdline(child)
+                    if cmdline or child not in self.seen:
+                        self.seen[child] = (start, cmdline)
                 pending.append(child)
 
     def poll_until(self, condition, what: str) -> None:
