@@ -91,13 +91,13 @@ class Run:
         pending = [self.process.pid]
         while pending:
             for child in _children(pending.pop()):
-                start = _start_time(child)
-                if start is not None and self.seen.get(child, (start,))[0] == start:
+                start, known = _start_time(child), self.seen.get(child)
+                if start is not None and (known is None or known[0] == start):
                     # Read at every sight: one seen between its fork and its exec shows
                     # run.py's command line (multiprocessing's resource tracker, taken for a
                     # node once), and an exiting process's reads empty (the last kept).
                     cmdline = _cmdline(child)
-                    if cmdline or child not in self.seen:
+                    if cmdline or known is None:
                         self.seen[child] = (start, cmdline)
                 pending.append(child)
 
