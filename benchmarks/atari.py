@@ -7,9 +7,11 @@ Runs `launch/run.py --agent=AGENT --preset=atari --env=ENV --stop_at_return=TARG
 command a user types, start-up included; docs/atari.md) until it reaches the target or the
 wall-time budget ends, sampling the GPU's busy fraction (`nvidia-smi`, where it exists) and
 the CPU's use (/proc/stat) every --sample_s while it runs. Prints what it measured (the mean
-return every --curve_s seconds among it), then one JSON object as the last line. Issue 21's
-check: Pong's mean return 18 within 15 minutes of launch at >= 52,000 frames/s on a 16-core
-GPU machine.
+return every --curve_s seconds among it; from metrics.jsonl, the learner's updates a second,
+the policy lag, env steps per policy call and how often the unroll queue was empty, which
+tell a learner-bound run from one that waits for data), then one JSON object as the last
+line. Issue 21's check: Pong's mean return 18 within 15 minutes of launch at >= 52,000
+frames/s on a 16-core GPU machine.
 
 Stopping the benchmark (Ctrl-C, SIGTERM) stops run.py and its nodes (benchmarks/common.py's
 `child_process`).
@@ -83,6 +85,31 @@ def read_records(path: str) -> list[dict]:
             return [json.loads(line) for line in f if line.strip()]
     except OSError:
         return []
+
+
+def learner_figures(learning: list[dict]) -> dict:
+    """What the records after the first learner update say about what bounds the rate: the
+    learner's updates a second, the policy lag (the mean of the records' means, and their
+    maximum), env steps per policy call of the central inference, and the share of records
+    whose unroll queue was empty (the learner waiting for data). Values are None where the
+    records lack them (fewer than two records, or a run without that field)."""
+
+    def mean(name: str) -> float | None:
+        values = [r[name] for r in learning if r.get(name) is not None]
+        return statistics.mean(values) if values else None
+
+    span = learning[-1]["time"] - learning[0]["time"] if len(learning) >= 2 else 0.0
+    lag_max = [r["policy_lag_max"] for r in learning if r.get("policy_lag_max") is not None]
+    queues = [r["queue_size"] for r in learning if r.get("queue_size") is not None]
+    return {
+        "learner_steps_per_s": ((learning[-1]["learner_steps"] - learning[0]["learner_steps"])
+                                / span if span > 0 else None),
+        "policy_lag_mean": mean("policy_lag_mean"),
+        "policy_lag_max": max(lag_max, default=None),
+        "inference_batch_mean": mean("inference_batch_mean"),
+        "queue_empty_fraction": (sum(q == 0 for q in queues) / len(queues) if queues
+                                 else None),
+    }
 
 
 def return_curve(records: list[dict], launched: float, frame_skip: int, every_s: float
@@ -192,6 +219,7 @@ def main() -> None:
         "cpu_busy": busy_fraction(cpu, launched),
         "cpu_busy_steady": busy_fraction(cpu, first_learning),
         "return_curve": return_curve(records, launched, frame_skip, args.curve_s),
+        "steady": learner_figures(learning),
     }
     print(f"{args.agent} --preset=atari on {args.env}, {num_actors} x {args.envs_per_actor} "
           f"envs, {args.platform}, {cores} cores")
@@ -210,6 +238,16 @@ def main() -> None:
 
     def share(x: float | None) -> str:
         return "n/a" if x is None else f"{100 * x:.0f}%"
+
+    def number(x: float | None, digits: int = 1) -> str:
+        return "n/a" if x is None else f"{x:,.{digits}f}"
+
+    figures = result["steady"]
+    print(f"  steady: {number(figures['learner_steps_per_s'])} learner updates/s, policy lag "
+          f"mean {number(figures['policy_lag_mean'], 2)} (max "
+          f"{number(figures['policy_lag_max'], 0)}), {number(figures['inference_batch_mean'])} "
+          f"env steps per policy call, unroll queue empty at "
+          f"{share(figures['queue_empty_fraction'])} of the records")
 
     print(f"  GPU busy {share(result['gpu_busy_mean'])} (steady "
           f"{share(result['gpu_busy_steady'])}); CPU busy {share(result['cpu_busy'])} "
