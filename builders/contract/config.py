@@ -246,6 +246,13 @@ class ExperimentConfig(Config):
     # Acting.
     num_actors: int = setting(2, "env worker nodes", ge=1)
     envs_per_actor: int = setting(32, "envs stepped by each env worker", ge=1)
+    # Double-buffered sampling (Sample Factory: Petrenko et al., 2020): while one group's step
+    # is at inference, the worker steps another group, so its cores do not wait for the round
+    # trip.
+    env_buffers: int = setting(
+        1, "groups each env worker splits its envs into, each stepped in its own thread while "
+        "the others' steps are at inference (2: double-buffered sampling); must divide "
+        "envs_per_actor", ge=1)
     max_actor_restarts: int = setting(
         3, "times each env worker is restarted (fresh process, fresh seed) after it dies or its "
         "env raises, before its failure stops the run", ge=0)
@@ -300,10 +307,26 @@ class ExperimentConfig(Config):
         "0: no evaluator node", ge=0)
     eval_episodes: int = setting(10, "episodes per evaluation", ge=1)
 
+    def check(self) -> None:
+        if self.envs_per_actor % self.env_buffers:
+            raise self.invalid("env_buffers",
+                               f"a divisor of envs_per_actor ({self.envs_per_actor})")
+
     @property
     def num_envs(self) -> int:
         """Envs over all env workers."""
         return self.num_actors * self.envs_per_actor
+
+    @property
+    def env_groups(self) -> int:
+        """The groups of envs that step in lockstep, over all env workers: what central
+        inference serves as its workers (`env_buffers` per env worker)."""
+        return self.num_actors * self.env_buffers
+
+    @property
+    def envs_per_group(self) -> int:
+        """The envs of one group (`env_groups`)."""
+        return self.envs_per_actor // self.env_buffers
 
 
 @dataclasses.dataclass(frozen=True)

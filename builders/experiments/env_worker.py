@@ -26,6 +26,8 @@ import os
 import secrets
 import struct
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -276,17 +278,24 @@ class _MultiAgentEnvs:
 class EnvWorker:
     """Service node that steps `num_envs` envs against a remote (or local) inference server.
 
+    With `buffers` > 1 its envs are that many groups, each stepped in lockstep in a thread of
+    its own and seen by inference as a worker of its own (worker `worker_id * buffers + g`):
+    while one group's step is at inference, another's envs step (double-buffered sampling),
+    so the worker's cores need not wait for the round trip.
+
     Args:
-      env_factory: builds the vector env inside this process (single- or multi-agent).
+      env_factory: builds the vector envs inside this process (single- or multi-agent).
       inference: client of a node with `step(worker_id, run_id, inputs, episodes) -> actions`
         (`inputs`: {field: [K, ...]} of `StepFormat`; `episodes`: those that finished on this
         step) and `shm_address() -> str | None` (where its shared-memory hub listens, if it has
         one).
-      worker_id: index of this worker; the inference server owns its env slots.
-      num_envs: K, the envs this worker steps in lockstep.
-      seed: base seed of the first run; a restarted worker (see `runtime.restart_count`) seeds
-        its envs from (seed, restart count) instead, so it does not replay its first episodes.
-        Each run draws a fresh run id, so the server resets the worker's slots.
+      worker_id: index of this worker; the inference server owns its groups' env slots.
+      num_envs: the envs this worker steps, `buffers` groups of K = num_envs / buffers.
+      seed: base seed of the first run (group g's envs: seed + g * K ...); a restarted worker
+        (see `runtime.restart_count`) seeds its envs from (seed, restart count) instead, so it
+        does not replay its first episodes. Each run draws fresh run ids, so the server resets
+        the worker's slots.
+      buffers: the groups (`ExperimentConfig.env_buffers`).
     """
 
     def __init__(
@@ -296,67 +305,117 @@ class EnvWorker:
         worker_id: int,
         num_envs: int,
         seed: int,
+        buffers: int = 1,
     ):
+        if num_envs % buffers:
+            raise ValueError(f"{num_envs} envs do not split into {buffers} equal groups")
         self._factory = env_factory
         self._inference = inference
         self._worker_id = worker_id
-        self._num_envs = num_envs
+        self._group_envs = num_envs // buffers
+        self._buffers = buffers
         self._seed = seed
-        self._steps = 0
+        self._steps = [0] * buffers  # Per group: each is counted by its own thread only.
 
     def pid(self) -> int:
         return os.getpid()
 
     def env_steps(self) -> int:
-        return self._steps
+        return sum(self._steps)
 
     def run(self) -> None:
+        """Steps every group until the program stops; a group's failure stops the others and
+        is raised here (the node fails, and restarts)."""
+        # Read here: a platform of threads binds the node's context to this thread only.
+        stop, restarts = _GroupStop(runtime.stop_event()), runtime.restart_count()
+        if self._buffers == 1:
+            self._run_group(0, stop, restarts)
+            return
+        errors: list[BaseException] = []
+
+        def run_group(group: int) -> None:
+            try:
+                self._run_group(group, stop, restarts)
+            except BaseException as e:
+                errors.append(e)
+                stop.failed.set()
+
+        threads = [threading.Thread(target=run_group, args=(g,), name=f"envs-{g}")
+                   for g in range(self._buffers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def _run_group(self, group: int, stop: _GroupStop, restarts: int) -> None:
         run_id = secrets.randbits(62)  # New process, new id: the server resets our slots.
-        restarts = runtime.restart_count()
-        seed = restart_seed(self._seed, restarts)
+        worker_id = self._worker_id * self._buffers + group
+        seed = restart_seed(self._seed + group * self._group_envs, restarts)
         spec = self._factory.spec()
         fmt = step_format(spec)
-        envs = self._factory.make_vector(self._num_envs, seed=seed)
-        channel = self._shm_channel(run_id, spec)
+        envs = self._factory.make_vector(self._group_envs, seed=seed)
+        channel = self._shm_channel(worker_id, run_id, spec)
         try:
-            step = (self._socket_step(run_id) if channel is None
-                    else shm_step(channel, fmt, runtime.stop_event()))
-            self._loop(_MultiAgentEnvs(envs, fmt, self._num_envs) if fmt.multi_agent
-                       else _GymnasiumEnvs(envs, self._num_envs), step, seed)
+            step = (self._socket_step(worker_id, run_id) if channel is None
+                    else shm_step(channel, fmt, stop))
+            self._loop(group, _MultiAgentEnvs(envs, fmt, self._group_envs) if fmt.multi_agent
+                       else _GymnasiumEnvs(envs, self._group_envs), step, seed, stop)
         finally:
             envs.close()
             if channel is not None:
                 channel.close()
 
-    def _shm_channel(self, run_id: int, spec: EnvSpec | MultiAgentSpec) -> shm.Channel | None:
+    def _shm_channel(self, worker_id: int, run_id: int,
+                     spec: EnvSpec | MultiAgentSpec) -> shm.Channel | None:
         """Slots shared with the inference server, or None: it offers none, or they fail here."""
         address = self._inference.shm_address()
         if address is None:
             return None
-        layout = shm_layout(spec, self._num_envs)
+        layout = shm_layout(spec, self._group_envs)
         try:
-            return shm.connect(address, layout, pack_hello(self._worker_id, run_id),
-                               row=self._worker_id)
+            return shm.connect(address, layout, pack_hello(worker_id, run_id), row=worker_id)
         except OSError as e:  # Another host, another network namespace, not enough memory.
-            print(f"env worker {self._worker_id}: no shared memory with the inference server "
+            print(f"env worker {worker_id}: no shared memory with the inference server "
                   f"({e}); stepping over the socket", file=sys.stderr, flush=True)
             return None
 
-    def _socket_step(self, run_id: int) -> Step:
+    def _socket_step(self, worker_id: int, run_id: int) -> Step:
         def step(inputs, episodes):
-            return self._inference.step(self._worker_id, run_id, inputs, episodes)
+            return self._inference.step(worker_id, run_id, inputs, episodes)
         return step
 
-    def _loop(self, envs: _GymnasiumEnvs | _MultiAgentEnvs, step: Step, seed: int) -> None:
+    def _loop(self, group: int, envs: _GymnasiumEnvs | _MultiAgentEnvs, step: Step, seed: int,
+              stop: _GroupStop) -> None:
         inputs = envs.reset(seed)
         finished: list[Episode] = []
-        stop = runtime.stop_event()
         while not stop.is_set():
             actions = step(inputs, finished)
             if actions is None:  # The server is shutting down.
                 return
             inputs, finished = envs.step(actions)
-            self._steps += self._num_envs
+            self._steps[group] += self._group_envs
+
+
+class _GroupStop:
+    """What ends a group's loop: the program's stop, or another group's failure (`failed`)."""
+
+    def __init__(self, program: StopEvent):
+        self._program = program
+        self.failed = threading.Event()
+
+    def is_set(self) -> bool:
+        return self._program.is_set() or self.failed.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if remaining <= 0:
+                break
+            self._program.wait(remaining)
+        return self.is_set()
 
 
 def restart_seed(seed: int, restarts: int) -> int:

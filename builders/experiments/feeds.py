@@ -330,14 +330,15 @@ class ReplayFeed:
 
 
 def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
-    """Bound of the unroll queue, in per-worker unrolls [T + 1, K]: `max_batches` batches of
-    the smallest size, and with auto batches no more than two of the largest (one taken
-    while the next fills: more would only age)."""
+    """Bound of the unroll queue, in unrolls of one group of envs [T + 1, K]
+    (`ExperimentConfig.envs_per_group`): `max_batches` batches of the smallest size, and with
+    auto batches no more than two of the largest (one taken while the next fills: more would
+    only age)."""
     sizes = batch_sizes(queue_spec, config)
-    bound = queue_spec.max_batches * math.ceil(sizes[0] / config.envs_per_actor)
+    bound = queue_spec.max_batches * math.ceil(sizes[0] / config.envs_per_group)
     if config.learner_batch == "fixed":
         return bound
-    return min(bound, 2 * math.ceil(sizes[-1] / config.envs_per_actor))
+    return min(bound, 2 * math.ceil(sizes[-1] / config.envs_per_group))
 
 
 def agent_table(builder: Builder, spec: EnvSpec) -> TableSpec | None:

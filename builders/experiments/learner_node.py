@@ -247,8 +247,8 @@ class LearnerNode:
             params=self._learner.params,
             key=inference_key,
             specs=step_specs(spec, builder.extras_spec(spec), initial_state),
-            num_workers=config.num_actors,
-            envs_per_worker=config.envs_per_actor,
+            num_workers=config.env_groups,
+            envs_per_worker=config.envs_per_group,
             unroll_length=queue_spec.unroll_length,
             on_unroll=self._feed.put,
             stop=self._stop,
@@ -256,7 +256,7 @@ class LearnerNode:
             initial_state=initial_state,
             overlap=queue_spec.overlap,
             on_steps=self._counter.add_env_steps,
-            shared_memory=(shm_layout(spec, config.envs_per_actor)
+            shared_memory=(shm_layout(spec, config.envs_per_group)
                            if config.transport == "shm" else None),
             step_format=self._format,
             compiled=policy_compiled,

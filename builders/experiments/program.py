@@ -49,7 +49,7 @@ def make_program(
     if table is None and config.unroll_queue == "replay":
         queue_spec = builder.queue_spec()
         table = unroll_table_spec(agent_step_specs(builder, spec), queue_spec.unroll_length,
-                                  config.envs_per_actor, max_unrolls(queue_spec, config))
+                                  config.envs_per_group, max_unrolls(queue_spec, config))
     if table is not None:
         with program.group("replay"):
             replay = program.add_node(
@@ -67,7 +67,7 @@ def make_program(
         for i in range(config.num_actors):
             program.add_node(runtime.CourierNode(
                 EnvWorker, env_factory, learner, i, config.envs_per_actor,
-                actor_seed(config.seed, i, config.envs_per_actor)
+                actor_seed(config.seed, i, config.envs_per_actor), config.env_buffers
             ))
     if config.eval_every > 0:
         with program.group("evaluator"):
