@@ -275,6 +275,41 @@ def test_a_nice_group_runs_its_processes_at_a_lower_priority(platform):
         running.stop()
 
 
+NICE_SCRIPT = """
+import os, sys
+if __name__ == "__mp_main__":  # spawn's re-run of this module, first thing in a node process
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{os.getpid()} {os.getpriority(os.PRIO_PROCESS, 0)}\\n")
+if __name__ == "__main__":
+    import launch_nodes as nodes
+    from trellis.launch import runtime
+    program = runtime.Program("nice")
+    with program.group("low", nice=5):
+        low = program.add_node(runtime.CourierNode(nodes.Echo))
+    running = runtime.launch(program, platform="local_mp", block=False)
+    try:
+        print(low.dereference().pid(), flush=True)
+    finally:
+        running.stop()
+"""
+
+
+def test_a_nice_groups_processes_start_at_the_lower_priority(tmp_path):
+    # From the interpreter's start: what a node process does before the node's code (Python's
+    # start, spawn's re-run of the launcher's main module) must not take the cores at the
+    # launcher's priority (14 env workers on 2 cores held the learner's start back so).
+    script, log = tmp_path / "launcher.py", tmp_path / "priorities"
+    script.write_text(NICE_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(script), str(log)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    low_pid = int(out.stdout.split()[0])
+    priorities = dict(line.split() for line in log.read_text().splitlines())
+    assert int(priorities[str(low_pid)]) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+
+
 def test_nice_must_be_an_int_from_0_to_19():
     for bad in (-1, 20, 2.5):
         with pytest.raises(ValueError, match=f"nice must be an int in \\[0, 19\\], got {bad}"):
