@@ -6,6 +6,7 @@ spawned test node imports it, and the tests must stay fast.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -220,3 +221,14 @@ result = runtime.launch(program, platform="local_mp", stop_timeout_s=5.0)
 print("RESULT", result.stopped_by, result.reason, flush=True)
 sys.exit(result.exit_code)
 """
+
+
+class GarbageCollector:
+    """Reports Python's garbage collector as the node saw it while constructed and now."""
+
+    def __init__(self):
+        self._while_constructed = gc.isenabled()
+
+    def collector(self):
+        return {"while_constructed": self._while_constructed, "now": gc.isenabled(),
+                "frozen": gc.get_freeze_count()}

@@ -310,6 +310,23 @@ def test_a_nice_groups_processes_start_at_the_lower_priority(tmp_path):
     assert int(priorities[str(low_pid)]) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_node_process_collects_garbage_once_it_is_up_and_freezes_what_its_start_made(
+        platform):
+    program = runtime.Program("gc")
+    node = program.add_node(runtime.CourierNode(nodes.GarbageCollector))
+    running = runtime.launch(program, platform=platform, block=False)
+    try:
+        seen = node.dereference().collector()
+    finally:
+        running.stop()
+    if platform == "local_mp":  # Off while the node started, on since, its start frozen.
+        assert seen["while_constructed"] is False and seen["now"] is True
+        assert seen["frozen"] > 1000
+    else:  # A node among others in this process: the platform leaves the collector alone.
+        assert seen["while_constructed"] is True and seen["now"] is True
+
+
 def test_nice_must_be_an_int_from_0_to_19():
     for bad in (-1, 20, 2.5):
         with pytest.raises(ValueError, match=f"nice must be an int in \\[0, 19\\], got {bad}"):
