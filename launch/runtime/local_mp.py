@@ -101,7 +101,7 @@ class Backend:
         )
         with _blocking(_GROUP_SIGNALS):
             process.start()
-        if node.nice:
+        if node.nice and process.pid is not None:  # (The pid is None only before start.)
             # Set here, not by the node: its interpreter's start and spawn's re-run of the
             # launcher's main module come first, and 14 env workers doing those at the
             # launcher's priority held the learner's start back by 1.4 s on 2 cores.
