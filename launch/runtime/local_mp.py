@@ -104,7 +104,8 @@ class Backend:
         if node.nice and process.pid is not None:  # (The pid is None only before start.)
             # Set here, not by the node: its interpreter's start and spawn's re-run of the
             # launcher's main module come first, and 14 env workers doing those at the
-            # launcher's priority held the learner's start back by 1.4 s on 2 cores.
+            # launcher's priority put off the learner's first program from 0.87 s (2 workers)
+            # to 2.31 s on 2 cores (1.18 s since; docs/benchmarks.md).
             with contextlib.suppress(ProcessLookupError):  # It died already: reported anyway.
                 os.setpriority(os.PRIO_PROCESS, process.pid,
                                min(19, os.getpriority(os.PRIO_PROCESS, 0) + node.nice))
