@@ -27,8 +27,10 @@ def summary(logdir):
         return json.load(f)
 
 
-# 120k steps: at 80k IMPALA is mid-curve; on 2 cores shared by three runs its return ranged
-# 124-250 over 9 runs (and fell to 86 once in CI), at 120k 168-477 over 9 such runs.
+# 200k steps: IMPALA's CartPole curve dips on its way up (a window's mean fell from 146 to 71
+# in the last 14k steps of one run), so at 120k it ended below 88 in 1 of 46 runs on 2 cores
+# (three at a time, or beside busy loops; and in CI, 64.4); at 200k 179-500 over 24 runs beside
+# a busy loop.
 # DQN in the slow suite on both platforms (33 s and 32 s): in the default one its learner learns
 # CartPole on local_mp as Ape-X (tests/test_dqn.py).
 @pytest.mark.parametrize("agent,platform", [
@@ -36,14 +38,14 @@ def summary(logdir):
     else pytest.param(agent, platform, marks=pytest.mark.slow)
     for agent in AGENTS for platform in ("local_mt", "local_mp")])
 def test_learns_cartpole(agent, platform, tmp_path):
-    out = run([f"--agent={agent}", f"--platform={platform}", "--total_env_steps=120000",
+    out = run([f"--agent={agent}", f"--platform={platform}", "--total_env_steps=200000",
                "--stop_at_return=none", f"--logdir={tmp_path}"])
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)
-    assert s["stopped_by"] == "budget" and s["env_steps"] >= 120000
+    assert s["stopped_by"] == "budget" and s["env_steps"] >= 200000
     assert s["episodes"] > 100 and s["learner_steps"] > 0
-    # Far above random after 120k steps (a solved policy scores 500).
-    assert s["mean_return"] > 4 * RANDOM_CARTPOLE_RETURN, s
+    # Far above random after 200k steps (a solved policy scores 500).
+    assert s["mean_return"] > 4 * RANDOM_CARTPOLE_RETURN, json.dumps(s)
     assert "summary: " in out.stdout and str(tmp_path) in out.stdout
     assert "steps/s" in out.stdout.splitlines()[0]  # Plain progress lines when not a TTY.
 
