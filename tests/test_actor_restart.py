@@ -10,7 +10,8 @@ import pytest
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.env_worker import restart_seed
-from trellis.builders.experiments.program import make_program
+from trellis.builders.experiments.evaluation import evaluation_seed
+from trellis.builders.experiments.program import actor_seed, make_program
 from trellis.envs import EnvFactory
 from trellis.launch import runtime
 
@@ -71,3 +72,21 @@ def test_a_restarted_worker_seeds_its_envs_afresh_within_int32():
     assert len(set(seeds)) == len(seeds)
     assert all(0 <= s < 2**31 for s in seeds)
     assert max(seeds) >= 2**30  # Drawn over the whole range, not a few bits of it.
+
+
+def test_every_env_of_a_run_steps_its_own_game():
+    # A sync vector env seeds its K envs with seed .. seed + K - 1: workers seeded one apart
+    # shared all but one of their envs' games (envpool's Atari too).
+    config = ExperimentConfig(num_actors=3, envs_per_actor=4, seed=5)
+    program = make_program(ImpalaBuilder(ImpalaConfig()), EnvFactory("Acrobot-v1"), config,
+                           name="seeds")
+    seeds = [node._args[4] for node in program.nodes if node.label.startswith("actor")]
+    assert seeds == [actor_seed(5, i, 4) for i in range(3)]
+    starts = []
+    for seed in seeds:
+        envs = EnvFactory("Acrobot-v1").make_vector(config.envs_per_actor, seed=seed)
+        obs, _ = envs.reset(seed=seed)
+        starts += [tuple(row) for row in obs.tolist()]
+        envs.close()
+    assert len(set(starts)) == config.num_actors * config.envs_per_actor
+    assert max(seeds) + config.envs_per_actor <= evaluation_seed(5)

@@ -65,12 +65,23 @@ def make_program(
     with program.group("actor", max_restarts=config.max_actor_restarts,
                        resources={"CPU": 1}, nice=config.actor_nice):
         for i in range(config.num_actors):
-            seed = config.seed * 10_007 + i + 1  # Distinct per actor, reproducible per run.
             program.add_node(runtime.CourierNode(
-                EnvWorker, env_factory, learner, i, config.envs_per_actor, seed,
-                config.env_buffers
+                EnvWorker, env_factory, learner, i, config.envs_per_actor,
+                actor_seed(config.seed, i, config.envs_per_actor), config.env_buffers
             ))
     if config.eval_every > 0:
         with program.group("evaluator"):
             program.add_node(runtime.CourierNode(Evaluator, builder, env_factory, learner, config))
     return program
+
+
+def actor_seed(seed: int, actor: int, envs_per_actor: int) -> int:
+    """The seed of env worker `actor`'s envs in a run of root seed `seed`, reproducible per run.
+
+    A vector env seeds its K envs with seed, seed + 1, ..., seed + K - 1 (Gymnasium's sync
+    vector env, envpool), so the workers' seeds are K apart and every env of the run gets a
+    seed of its own (one apart, neighbouring workers shared all but one of their envs' seeds
+    and, given the same actions, stepped the same games). They stay below the evaluator's
+    (`evaluation.evaluation_seed`) while the run has fewer than 9,972 envs.
+    """
+    return seed * 10_007 + 1 + actor * envs_per_actor
