@@ -20,6 +20,7 @@ import pytest
 from tests.test_clean_exit import Run, _assert_clean
 from trellis.agents.es import ESBuilder, ESConfig, losses
 from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments import es_node
 from trellis.builders.experiments.es_node import ESLearnerNode, ESWorker, state_checksum
 from trellis.builders.experiments.es_run import make_generation
 from trellis.builders.experiments.platforms import PopulationSettings
@@ -152,10 +153,17 @@ def _host_generations(hidden, population, generations, monkeypatch):
 
     Returns:
       (the learner node, every call as (method, request bytes, reply bytes), the fitness
-      vectors the workers received by generation).
+      vectors the workers received by generation, each generation's reset seed by worker).
     """
-    calls, told = [], {}
+    calls, told, seeds = [], {}, {}
     real_call = rpc.TcpClient._call
+    real_play = es_node.play_members
+
+    def recording_play(act, population, envs, episodes, seed, should_stop):
+        seeds.setdefault(threading.current_thread().name, []).append((seed, envs.num_envs))
+        return real_play(act, population, envs, episodes, seed, should_stop)
+
+    monkeypatch.setattr(es_node, "play_members", recording_play)
 
     def counting_call(self, name, args, kwargs):
         value = real_call(self, name, args, kwargs)
@@ -192,7 +200,7 @@ def _host_generations(hidden, population, generations, monkeypatch):
     workers = [ESWorker(builder, factory, rpc.TcpClient("learner", address), i, 2, 100 + i)
                for i in range(2)]
     threads = [threading.Thread(target=bound("learner", learner.run))]
-    threads += [threading.Thread(target=bound(f"actor/{i}", w.run))
+    threads += [threading.Thread(target=bound(f"actor/{i}", w.run), name=f"actor/{i}")
                 for i, w in enumerate(workers)]
     for t in threads:
         t.start()
@@ -209,7 +217,7 @@ def _host_generations(hidden, population, generations, monkeypatch):
     assert not any(t.is_alive() for t in threads)
     assert learner.stats()["generation"] == generations and sorted(told) == list(
         range(generations))
-    return learner, calls, told
+    return learner, calls, told, seeds
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +231,7 @@ def test_generation_over_rpc_sends_scalars_only(host_run):
     """What crosses the wire per generation is O(population) scalars, never a parameter
     vector: only a (re)starting worker's one `search_state` carries the parameters. And the
     workers' copies stay the learner's, bit for bit (no report was refused: no resync)."""
-    learner, calls, _ = host_run
+    learner, calls, _, _ = host_run
     vector_bytes = 4 * learner._learner.state.search.mean.size  # float32 [D]
     assert vector_bytes > 7_000
     assert learner.stats()["resyncs"] == 0
@@ -243,11 +251,24 @@ def test_generation_over_rpc_sends_scalars_only(host_run):
           f"{sum(r + q for _, r, q in others) / 3:.0f} B over {len(others) // 3} calls")
 
 
+def test_every_worker_and_generation_starts_games_of_its_own(host_run):
+    """A vector env seeds its K envs seed .. seed + K - 1: each worker's and generation's K
+    seeds are apart from every other's (seed + generation replayed all but one of the
+    previous generation's starts)."""
+    _, _, _, seeds = host_run
+    assert all(len(seeds[worker]) >= 3 for worker in ("actor/0", "actor/1"))  # 3 generations.
+    played = seeds["actor/0"] + seeds["actor/1"]
+    for i, (seed, k) in enumerate(played):
+        assert 0 <= seed < 2**31
+        for other, _ in played[i + 1:]:
+            assert abs(seed - other) >= k, played
+
+
 def test_host_and_anakin_agree_for_the_same_fitnesses(host_run):
     """Reproducible across platforms: the host path (learner node and env workers over RPC)
     and anakin's compiled generation draw the same members and make the same update for the
     same fitnesses."""
-    learner, _, told = host_run
+    learner, _, told, _ = host_run
     builder = ESBuilder(ESConfig(population_size=32, hidden_sizes=(256,)))
     _, search = make_generation(builder, make_env_factory("gymnax:CartPole-v1"))
 
@@ -273,7 +294,7 @@ def test_host_and_anakin_agree_for_the_same_fitnesses(host_run):
 def test_a_diverged_or_late_worker_is_refused_and_resyncs(host_run):
     """A report from a state whose checksum is not the learner's (a copy that diverged) or
     from another generation is refused and counted: the worker then fetches the state."""
-    learner, _, _ = host_run
+    learner, _, _, _ = host_run
     state = learner.search_state()
     generation = int(state.generation)
     right = state_checksum(state)

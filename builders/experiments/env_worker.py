@@ -420,10 +420,17 @@ class _GroupStop:
 
 def restart_seed(seed: int, restarts: int) -> int:
     """The envs' seed of a worker's run after `restarts` restarts: `seed` itself first, then
-    one drawn from (seed, restarts) in [0, 2^31), as envpool takes int32 seeds only."""
+    `drawn_seed(seed, restarts)`."""
     if not restarts:
         return seed
-    return int(np.random.SeedSequence((seed, restarts)).generate_state(1)[0] >> 1)
+    return drawn_seed(seed, restarts)
+
+
+def drawn_seed(*entropy: int) -> int:
+    """A vector env's seed drawn from `entropy`, in [0, 2^31) as envpool takes int32 seeds
+    only. Seeds counted up instead (seed + 1, ...) would share envs: a vector env seeds its K
+    envs seed .. seed + K - 1."""
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
 
 
 def shm_step(channel: shm.Channel, fmt: StepFormat, stop: StopEvent) -> Step:

@@ -31,6 +31,7 @@ from trellis.builders.contract.agent import Builder
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
+from trellis.builders.experiments.env_worker import drawn_seed
 from trellis.builders.experiments.evaluation import Evaluator
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.factory import EnvFactory
@@ -274,7 +275,8 @@ class ESWorker:
       learner: client of the ES learner node.
       worker_id: which members it plays (`worker_members`).
       num_workers: how many env workers share the population.
-      seed: this worker's envs' seed; a generation's resets use seed + generation.
+      seed: this worker's envs' seed; a generation's resets use `drawn_seed(seed, generation)`
+        (seed + generation would replay all but one of the previous generation's starts).
     """
 
     def __init__(self, builder: Builder, env_factory: EnvFactory, learner: Any, worker_id: int,
@@ -307,7 +309,7 @@ class ESWorker:
                 if members.size:
                     returns, lengths = play_members(
                         act, search.population()[members], envs, episodes,
-                        (self._seed + generation) % 2**31, stop.is_set)
+                        drawn_seed(self._seed, generation), stop.is_set)
                     if stop.is_set():
                         return
                     if not learner.report(generation, members, returns, lengths,
