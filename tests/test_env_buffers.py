@@ -11,6 +11,7 @@ import pytest
 from trellis.builders.contract.config import ConfigError, ExperimentConfig
 from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.envs import EnvFactory
+from trellis.launch import run as run_py
 
 
 def test_groups_divide_the_workers_envs():
@@ -80,3 +81,16 @@ def test_a_failing_group_stops_the_others_and_fails_the_worker():
     steps = len(inference.calls[0])
     time.sleep(0.3)
     assert len(inference.calls[0]) == steps  # Group 0 stopped with the worker.
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--agent=impala", "--platform=anakin", "--env=gymnax:CartPole-v1"],
+     "--platform=anakin steps its envs inside the compiled program"),
+    (["--agent=es", "--platform=local_mt", "--env=CartPole-v1"],
+     "ESBuilder's workers play whole episodes"),
+])
+def test_env_buffers_where_nothing_steps_at_inference_is_one_line(flags, says, tmp_path, capsys):
+    code = run_py.main([*flags, "--env_buffers=2", f"--logdir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().count("\n") == 0 and says in err, err

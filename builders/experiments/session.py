@@ -149,6 +149,22 @@ def check_supported(builder: Builder, platform: str, env_factory: Any = None) ->
             "on the host only (use --platform=local_mp)")
 
 
+def check_env_buffers(builder: Builder, platform: str, config: ExperimentConfig) -> None:
+    """Raises UnsupportedError where `--env_buffers` > 1 has nothing to split: only the host
+    platforms' env workers of gradient agents step at central inference."""
+    if config.env_buffers == 1:
+        return
+    if platform == ANAKIN:
+        raise UnsupportedError(
+            "--env_buffers splits a host env worker's envs between calls to central inference; "
+            "--platform=anakin steps its envs inside the compiled program (leave it at 1)")
+    if builder.capabilities.learns_from not in (UNROLLS, REPLAY):
+        raise UnsupportedError(
+            f"--env_buffers splits a host env worker's envs between calls to central "
+            f"inference; {type(builder).__name__}'s workers play whole episodes with a policy "
+            "of their own (leave it at 1)")
+
+
 class Session:
     """Drives one session of a run to its end: see the module's docstring.
 
@@ -342,6 +358,7 @@ def run_experiment(
     settings = platform_settings(platform)
     name = platform_name(settings)
     check_supported(builder, name, env_factory)
+    check_env_buffers(builder, name, config)
     os.makedirs(run_dir, exist_ok=True)
     resume_from = latest_checkpoint(run_dir) if resume else None  # Errors before anything.
     resume_progress = resume_from[1] if resume_from else None
