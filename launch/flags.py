@@ -9,8 +9,8 @@ starts from the run's saved settings instead. Bad input raises `UsageError`, one
 the setting and what is allowed.
 
 Only light imports here: run.py imports this module at its top level, which every node
-process of local_mp re-runs (spawn), and env workers must not load JAX. Agent packages
-(which import JAX) are imported by name when a command line is parsed.
+process of local_mp re-runs (multiprocessing's preparation), and env workers must not load
+JAX. Agent packages (which import JAX) are imported by name when a command line is parsed.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
     sys.modules["trellis"] = types.ModuleType("trellis", f"Trellis from the clone at {_root}")
     sys.modules["trellis"].__path__ = [_root]
 
-# Only light imports at module level: local_mp starts node processes with spawn, which re-runs
-# this module's top level in each of them, and env workers must not pay for importing JAX. The
+# Only light imports at module level: multiprocessing re-runs this module's top level in each
+# node process of local_mp (spawned or forked), and env workers must not pay for importing JAX. The
 # agents and the experiment layer are imported in `build` and `train`, in the launcher only.
 from trellis.builders.experiments.rundir import (  # noqa: E402
     CONFIG,

@@ -14,6 +14,20 @@ import time
 from trellis.launch import runtime
 
 
+class ProcessView:
+    """Its process as the node sees it: the nice value when it was constructed, and the
+    environment."""
+
+    def __init__(self):
+        self._priority_at_start = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def priority_at_start(self) -> int:
+        return self._priority_at_start
+
+    def environ(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+
 class Echo:
     """A service node without a run loop."""
 
@@ -196,6 +210,10 @@ result = runtime.launch(program, platform="local_mp", stop_timeout_s=5.0)
 print("RESULT", result.stopped_by, result.reason, flush=True)
 sys.exit(result.exit_code)
 """
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
 
 
 def wait_for_stop(blob: bytes) -> None:

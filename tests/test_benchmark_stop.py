@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests import processes
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 
@@ -30,14 +32,6 @@ def _group(pgid: int) -> list[int]:
         if int(group) == pgid and state != "Z":
             members.append(int(entry))
     return members
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except FileNotFoundError:
-        return []
 
 
 def _poll(condition, timeout_s: float, what: str):
@@ -89,7 +83,7 @@ def test_run_child_stops_its_child_and_grandchildren(sig):
     benchmark = subprocess.Popen([sys.executable, "-c", DRIVER], stderr=subprocess.PIPE)
     started: list[int] = []
     try:
-        child = _poll(lambda: _children(benchmark.pid), 30, "the child started")[0]
+        child = _poll(lambda: processes.children(benchmark.pid), 30, "the child started")[0]
         started.append(child)
         _poll(lambda: len(_group(child)) >= 3, 30, "the shell's two sleeps started")
         _stop_and_check(benchmark, child, sig)
@@ -109,7 +103,7 @@ def test_alphazero_benchmark_stops_its_run(tmp_path):
         cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     started: list[int] = []
     try:
-        child = _poll(lambda: _children(benchmark.pid), 60, "run.py started")[0]
+        child = _poll(lambda: processes.children(benchmark.pid), 60, "run.py started")[0]
         started.append(child)
         with open(f"/proc/{child}/cmdline") as f:
             assert "run.py" in f.read()
@@ -129,11 +123,11 @@ def test_time_to_solve_stops_a_local_mp_run_and_its_nodes():
         stderr=subprocess.PIPE)
     started: list[int] = []
     try:
-        child = _poll(lambda: _children(benchmark.pid), 60, "run.py started")[0]
+        child = _poll(lambda: processes.children(benchmark.pid), 60, "run.py started")[0]
         started.append(child)
-        # Its nodes, and multiprocessing's resource tracker.
-        nodes = _poll(lambda: len(_children(child)) >= 3 and _children(child), 120,
-                      "run.py's nodes started")
+        # Its nodes, and multiprocessing's resource tracker and fork server.
+        nodes = _poll(lambda: len(processes.descendants(child)) >= 5
+                      and processes.descendants(child), 120, "run.py's nodes started")
         assert set(nodes) <= set(_group(child))
         _stop_and_check(benchmark, child, signal.SIGTERM)
     except BaseException:

@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from tests import processes
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "launch", "run.py")
 NOISE = ("terminate called", "FATAL", "Traceback")
@@ -34,17 +36,6 @@ class Finished:
     out: str  # stdout and stderr together
     summary: dict
     left: list[str]  # "pid cmdline" of the run's processes still alive when run.py returned
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            with open(path) as f:
-                out += [int(p) for p in f.read().split()]
-        except OSError:
-            pass  # The thread or the process ended meanwhile.
-    return out
 
 
 def _start_time(pid: int) -> str | None:
@@ -84,13 +75,18 @@ class Run:
             start_new_session=True,
         )
         self.seen: dict[int, tuple[str, str]] = {}  # pid -> (start time, command line)
+        # run.py's own children: multiprocessing's resource tracker and fork server.
+        self.helpers: set[int] = set()
         self._deadline = time.monotonic() + DEADLINE_S
 
     def watch(self) -> None:
         """Records the processes run.py has started so far (nodes and their children)."""
         pending = [self.process.pid]
         while pending:
-            for child in _children(pending.pop()):
+            parent = pending.pop()
+            for child in processes.children(parent):
+                if parent == self.process.pid:
+                    self.helpers.add(child)
                 start, known = _start_time(child), self.seen.get(child)
                 if start is not None and (known is None or known[0] == start):
                     # Read at every sight: one seen between its fork and its exec shows
@@ -123,9 +119,9 @@ class Run:
         return max((r.get("env_steps", 0) for r in records), default=0)
 
     def node_pids(self) -> list[int]:
-        """The live node processes: run.py's spawned children, multiprocessing's helper aside."""
-        return [pid for pid in _children(self.process.pid)
-                if "spawn_main" in _cmdline(pid) and "resource_tracker" not in _cmdline(pid)]
+        """The live node processes: the children of run.py's fork server."""
+        return [pid for helper in processes.children(self.process.pid)
+                if "forkserver" in _cmdline(helper) for pid in processes.children(helper)]
 
     def _alive(self, pid: int) -> bool:
         return _start_time(pid) == self.seen[pid][0]
@@ -139,14 +135,14 @@ class Run:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         left = [pid for pid in self.seen if self._alive(pid)]
-        # multiprocessing's resource tracker is no node: it ends when it reads EOF from its
-        # pipe, i.e. just after run.py; it gets a deadline, the nodes none.
-        trackers = [pid for pid in left if "resource_tracker" in self.seen[pid][1]]
+        # multiprocessing's resource tracker and fork server are no nodes: each ends when it
+        # reads EOF from its pipe, i.e. just after run.py; they get a deadline, the nodes none.
+        helpers = [pid for pid in left if pid in self.helpers]
         deadline = time.monotonic() + 10.0
-        while any(self._alive(pid) for pid in trackers) and time.monotonic() < deadline:
+        while any(self._alive(pid) for pid in helpers) and time.monotonic() < deadline:
             time.sleep(0.05)
         described = [f"{pid} {self.seen[pid][1]}" for pid in left
-                     if pid not in trackers or self._alive(pid)]
+                     if pid not in helpers or self._alive(pid)]
         self._log.seek(0)
         out = self._log.read()
         self._log.close()

@@ -275,39 +275,48 @@ def test_a_nice_group_runs_its_processes_at_a_lower_priority(platform):
         running.stop()
 
 
-NICE_SCRIPT = """
-import os, sys
-if __name__ == "__mp_main__":  # spawn's re-run of this module, first thing in a node process
-    with open(sys.argv[1], "a") as f:
-        f.write(f"{os.getpid()} {os.getpriority(os.PRIO_PROCESS, 0)}\\n")
-if __name__ == "__main__":
-    import launch_nodes as nodes
-    from trellis.launch import runtime
+def test_a_nice_groups_node_code_starts_at_the_lower_priority():
+    # Its imports, its constructor and the envs it makes come after the priority is set: 14
+    # env workers doing those at the launcher's priority held the learner's start back on 2
+    # cores.
     program = runtime.Program("nice")
     with program.group("low", nice=5):
-        low = program.add_node(runtime.CourierNode(nodes.Echo))
+        low = program.add_node(runtime.CourierNode(nodes.ProcessView))
     running = runtime.launch(program, platform="local_mp", block=False)
     try:
-        print(low.dereference().pid(), flush=True)
+        assert low.dereference().priority_at_start() == min(
+            19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
     finally:
         running.stop()
-"""
 
 
-def test_a_nice_groups_processes_start_at_the_lower_priority(tmp_path):
-    # From the interpreter's start: what a node process does before the node's code (Python's
-    # start, spawn's re-run of the launcher's main module) must not take the cores at the
-    # launcher's priority (14 env workers on 2 cores held the learner's start back so).
-    script, log = tmp_path / "launcher.py", tmp_path / "priorities"
-    script.write_text(NICE_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, str(script), str(log)], capture_output=True,
-                         text=True, timeout=60, env=env)
-    assert out.returncode == 0, out.stderr
-    low_pid = int(out.stdout.split()[0])
-    priorities = dict(line.split() for line in log.read_text().splitlines())
-    assert int(priorities[str(low_pid)]) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+def _node_sees(name: str) -> str | None:
+    program = runtime.Program("environ")
+    view = program.add_node(runtime.CourierNode(nodes.ProcessView))
+    running = runtime.launch(program, platform="local_mp", block=False)
+    try:
+        return view.dereference().environ(name)
+    finally:
+        running.stop()
+
+
+def test_a_node_process_sees_the_launchers_environment_as_it_is_at_its_start(monkeypatch):
+    # The fork server that forks node processes is started by the first launch and keeps the
+    # environment of that moment; what the launcher sets later must reach later nodes (run.py
+    # sets JAX's compilation cache and XLA's flags so).
+    monkeypatch.delenv("TRELLIS_TEST_SETTING", raising=False)
+    assert _node_sees("TRELLIS_TEST_SETTING") is None
+    monkeypatch.setenv("TRELLIS_TEST_SETTING", "set later")
+    assert _node_sees("TRELLIS_TEST_SETTING") == "set later"
+
+
+def test_a_node_process_writes_to_the_launchers_stdout_as_it_is_at_its_start(capfd):
+    with capfd.disabled():  # The fork server starts (if it has not yet) with the usual ones.
+        _node_sees("HOME")
+    program = runtime.Program("print")
+    program.add_node(runtime.PyNode(nodes.say, "a node's line"))
+    runtime.launch(program, platform="local_mp")
+    assert "a node's line" in capfd.readouterr().out
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from tests import processes
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.program import make_program
@@ -16,21 +17,6 @@ from trellis.launch.runtime import shm
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")
 
 MEMFD = "/memfd:trellis-shm (deleted)"
-
-
-def _children() -> list[int]:
-    """Pids of this process's child processes."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == os.getpid():
-                pids.append(int(name))
-    return pids
 
 
 def _gone(pid: int) -> bool:
@@ -61,7 +47,8 @@ def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
 def _learner_pid() -> int:
     """The child process that holds the workers' slots and serves them: the learner."""
     found: list[int] = []
-    _wait_for(lambda: found.extend(p for p in _children() if len(_shared_mappings(p)) == 1
+    _wait_for(lambda: found.extend(p for p in processes.descendants(os.getpid())
+                                   if len(_shared_mappings(p)) == 1
                                    and len(os.listdir(f"/proc/{p}/task")) > 10) or found,
               "the learner (many threads: JAX) to map the workers' slots")
     return found[0]
@@ -134,7 +121,7 @@ def test_the_socket_transport_maps_nothing():
     try:
         learner = program.handles("learner")[0].dereference()
         _wait_for(lambda: learner.env_steps() > 1_000, "1,000 env steps over the socket")
-        assert all(not _shared_mappings(p) for p in _children())
+        assert all(not _shared_mappings(p) for p in processes.descendants(os.getpid()))
     finally:
         result = running.stop()
     assert (result.stopped_by, result.error_node) == ("signal", None), result

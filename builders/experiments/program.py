@@ -42,7 +42,8 @@ def make_program(
       The program; its "learner" group holds one node whose handle is the env workers'
       inference server and answers `stats()`.
     """
-    program = runtime.Program(name)
+    # Env workers' processes fork from a server that imported their module (numpy, Gymnasium).
+    program = runtime.Program(name, preload=(EnvWorker.__module__,))
     replay = None
     spec = env_factory.spec()
     table = agent_table(builder, spec)

@@ -1,12 +1,23 @@
-"""The `local_mp` platform: every node is an OS process, started with `spawn` (never fork: JAX).
+"""The `local_mp` platform: every node is an OS process, forked from multiprocessing's fork
+server (`spawn` where there is none; never forked from the launcher, which may run JAX).
+
+The fork server is a fresh interpreter that imports this module and the program's `preload`
+modules once (the env worker's: numpy, Gymnasium), and forks a node process per request, so
+that 32 env workers do not each start an interpreter and import them: on 2 cores a spawned
+worker took 0.24 s of CPU to reach its node's code, a forked one 0.05 s. It is started by the
+first local_mp launch of a process and serves every later one; so that a node sees the
+launcher's environment as it is now, not as it was then, each node process takes the
+launcher's `os.environ` first thing.
 
 Launcher side: each service node gets a port on 127.0.0.1 (free a moment ago) and every node the
-program's random secret, its pickled arguments, the write end of a status pipe and the shared stop
-event. The launcher waits on all status pipes and process sentinels at once, so a message or a
-death is noticed at once. A process that dies without reporting is an error of its node.
+program's random secret, its pickled arguments, the write end of a status pipe, the shared stop
+event and the read end of a lifeline (a pipe the launcher never writes to). The launcher waits
+on all status pipes and process sentinels at once, so a message or a death is noticed at once.
+A process that dies without reporting is an error of its node.
 
-Child side (`child_main`): ignore SIGINT and SIGQUIT (Ctrl-C and Ctrl-\\ reach the whole process
-group; the launcher coordinates the stop), exit if the launcher disappears, serve, run, report.
+Child side (`child_main`): take the launcher's environment and the group's priority, ignore
+SIGINT and SIGQUIT (Ctrl-C and Ctrl-\\ reach the whole process group; the launcher coordinates
+the stop), exit when the lifeline ends (the launcher is gone), serve, run, report.
 
 A node the launcher restarts gets a new process from its kept payload, at the same address (the
 old process is gone first, so its port is free again).
@@ -26,6 +37,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing import reduction
+from typing import Any
 
 from trellis.launch.runtime import program as program_lib
 from trellis.launch.runtime import rpc
@@ -34,7 +47,6 @@ from trellis.launch.runtime.node_context import NodeContext, Status
 _HOST = "127.0.0.1"
 _SECRET_BYTES = 32
 _TERMINATE_WAIT_S = 1.0
-_WATCHDOG_PERIOD_S = 0.25
 # Signals a terminal sends to its whole foreground process group: nodes leave them to the launcher.
 _GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 
@@ -42,7 +54,7 @@ _GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 @dataclasses.dataclass
 class _Child:
     label: str
-    process: multiprocessing.context.SpawnProcess
+    process: multiprocessing.process.BaseProcess
     reader: multiprocessing.connection.Connection | None
     exit_ok_after_finish: bool  # a PyNode's process ends with its function
     ended: bool = False  # may exit now: reported an error, or a PyNode reported "finished"
@@ -50,14 +62,16 @@ class _Child:
 
 
 class Backend:
-    """Runs each node of `program` in its own spawned process."""
+    """Runs each node of `program` in a process of its own."""
 
     def __init__(self, program: program_lib.Program):
         self._program = program
-        self._context = multiprocessing.get_context("spawn")
+        self._context = _start_context(program.preload)
         self._children: list[_Child] = []
         self._stop_reader: multiprocessing.connection.Connection | None = None
         self._stop_writer: multiprocessing.connection.Connection | None = None
+        self._lifeline: multiprocessing.connection.Connection | None = None
+        self._lifeline_writer: multiprocessing.connection.Connection | None = None
         self._payloads: dict[str, bytes] = {}
         self._stopping = False
 
@@ -72,6 +86,7 @@ class Backend:
         self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
         # The launcher keeps a read end too, for the processes of restarted nodes.
         self._stop_reader, self._stop_writer = self._context.Pipe(duplex=False)
+        self._lifeline, self._lifeline_writer = self._context.Pipe(duplex=False)
         for node in nodes:
             self._children.append(self._spawn(node, restarts=0))
 
@@ -92,23 +107,20 @@ class Backend:
 
     def _spawn(self, node: program_lib.Node, restarts: int) -> _Child:
         reader, writer = self._context.Pipe(duplex=False)
-        assert self._stop_reader is not None
+        assert self._stop_reader is not None and self._lifeline is not None
+        priority = (min(19, os.getpriority(os.PRIO_PROCESS, 0) + node.nice) if node.nice
+                    else None)
         process = self._context.Process(
             target=child_main,
             args=(node.label, node.address, self._payloads[node.label], writer,
-                  PipeStopEvent(self._stop_reader), os.getpid(), restarts),
+                  PipeStopEvent(self._stop_reader), self._lifeline, _Stdio(), dict(os.environ),
+                  priority, restarts),
             name=f"trellis:{node.label}",
         )
+        # The fork server, started by the first start, and through it every node process
+        # start with the signals blocked too.
         with _blocking(_GROUP_SIGNALS):
             process.start()
-        if node.nice and process.pid is not None:  # (The pid is None only before start.)
-            # Set here, not by the node: its interpreter's start and spawn's re-run of the
-            # launcher's main module come first, and 14 env workers doing those at the
-            # launcher's priority put off the learner's first program from 0.87 s (2 workers)
-            # to 2.31 s on 2 cores (1.18 s since; docs/benchmarks.md).
-            with contextlib.suppress(ProcessLookupError):  # It died already: reported anyway.
-                os.setpriority(os.PRIO_PROCESS, process.pid,
-                               min(19, os.getpriority(os.PRIO_PROCESS, 0) + node.nice))
         # Drop our copy of the write end so that the child's exit reads as EOF here.
         writer.close()
         return _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
@@ -200,6 +212,44 @@ class Backend:
                 child.reader.close()
                 child.reader = None
             child.process.close()
+        for end in (self._lifeline, self._lifeline_writer):
+            if end is not None:
+                end.close()
+        self._lifeline = self._lifeline_writer = None
+
+
+def _start_context(preload: tuple[str, ...]) -> (multiprocessing.context.ForkServerContext
+                                                  | multiprocessing.context.SpawnContext):
+    """multiprocessing's fork server, importing this module and `preload` before it forks
+    (where a fork server has started already, it keeps what it imported), or `spawn`."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__, *preload])
+    return context
+
+
+class _Stdio:
+    """Pickled into a node process's arguments: the launcher's stdout and stderr, as they are
+    at the node's start."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _InheritedStdio, (reduction.DupFd(1), reduction.DupFd(2))
+
+
+class _InheritedStdio:
+    """In a node process: the launcher's stdout and stderr, until `take` makes them this
+    process's file descriptors 1 and 2."""
+
+    def __init__(self, out: Any, err: Any):
+        self._fds = (out, err)
+
+    def take(self) -> None:
+        for target, fd in enumerate(self._fds, start=1):
+            source = fd.detach()
+            if source != target:  # (A spawned process gets them as they are.)
+                os.dup2(source, target)
+                os.close(source)
 
 
 class PipeStopEvent:
@@ -226,10 +276,13 @@ def child_main(
     payload: bytes,
     writer: multiprocessing.connection.Connection,
     stop_event: PipeStopEvent,
-    launcher_pid: int,
+    lifeline: multiprocessing.connection.Connection,
+    stdio: _InheritedStdio,
+    environ: dict[str, str],
+    priority: int | None,
     restarts: int = 0,
 ) -> None:
-    """Entry point of a node process (runs under `spawn`).
+    """Entry point of a node process (forked by the fork server, or spawned).
 
     Args:
       label: the node's label.
@@ -237,10 +290,24 @@ def child_main(
       payload: the pickled node (see `program.pickle_node`).
       writer: write end of the status pipe to the launcher.
       stop_event: the program's shared stop event.
-      launcher_pid: the launcher's pid; the node exits when its parent changes.
+      lifeline: read end of a pipe only the launcher writes to (it never does): its end
+        means the launcher is gone, and the node exits.
+      stdio: the launcher's stdout and stderr, the node's own (a forked process would write
+        where the fork server's went: the launcher's when the server started).
+      environ: the launcher's environment variables, the node's own (the fork server's are
+        those of its start).
+      priority: the process's nice value (its group's `nice`), or None to keep the launcher's.
       restarts: how many times the launcher restarted this node before (see
         `launch.restart_count`).
     """
+    if priority is not None:
+        # First: a nice group's start (its imports, the envs it makes) must not take the cores
+        # at the launcher's priority (14 env workers doing so put off the learner's first
+        # program from 0.87 s to 2.31 s on 2 cores; docs/benchmarks.md).
+        os.setpriority(os.PRIO_PROCESS, 0, priority)
+    stdio.take()
+    os.environ.clear()
+    os.environ.update(environ)
     # Set before unpickling: the node's imports may look at it (e.g. to pick log files).
     os.environ["TRELLIS_NODE_LABEL"] = label
     # Several nodes of one host may each put JAX on its accelerator: none may take most of the
@@ -253,7 +320,7 @@ def child_main(
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _GROUP_SIGNALS)
     threading.Thread(
-        target=_exit_when_orphaned, args=(label, launcher_pid), name="orphan-watchdog", daemon=True
+        target=_exit_when_orphaned, args=(label, lifeline), name="orphan-watchdog", daemon=True
     ).start()
 
     lock = threading.Lock()
@@ -293,22 +360,21 @@ def _end_process(code: int) -> None:
 
 
 def _name_process(label: str) -> None:
-    # Every node process runs the same spawn command line; its name tells them apart in
-    # `ps -o comm`, `top` and benchmarks/soak.py. Linux only (elsewhere there is no file).
+    # Every node process has the same command line (spawn's, or the fork server's); its name
+    # tells them apart in `ps -o comm`, `top` and benchmarks/soak.py. Linux only (elsewhere
+    # there is no file).
     with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
         f.write(label[:15])  # The kernel keeps at most 15 bytes.
 
 
-def _exit_when_orphaned(label: str, launcher_pid: int) -> None:
-    # Polling getppid() needs no platform support and notices a SIGKILLed launcher within
-    # a fraction of a second. (PR_SET_PDEATHSIG is not used: it fires when the *thread* that
-    # started the child exits, which would kill nodes launched from a short-lived thread.)
-    while True:
-        if os.getppid() != launcher_pid:
-            print(f"[launch] node '{label}': the launcher is gone; exiting", file=sys.stderr,
-                  flush=True)
-            os._exit(1)
-        time.sleep(_WATCHDOG_PERIOD_S)
+def _exit_when_orphaned(label: str, lifeline: multiprocessing.connection.Connection) -> None:
+    # The lifeline reads as ready only at its end: the launcher closed it after this process
+    # ended, or died. (Not the parent's pid: a forked node's parent is the fork server, which
+    # outlives a SIGKILLed launcher while nodes hold its own lifeline. Not PR_SET_PDEATHSIG: it
+    # fires when the *thread* that started the child exits.)
+    lifeline.poll(None)
+    print(f"[launch] node '{label}': the launcher is gone; exiting", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 @contextlib.contextmanager

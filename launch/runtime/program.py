@@ -14,7 +14,7 @@ import gc
 import pickle
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
@@ -295,10 +295,17 @@ class Program:
     `max_restarts`): `with program.group("actor", max_restarts=3):`. A restarted node runs
     again from its original arguments at the same address; `launch.restart_count()` tells
     its code which incarnation it is, e.g. to draw a fresh seed.
+
+    `preload` names modules that node processes import and that are safe to import before a
+    fork: none may start a thread or an accelerator when imported (JAX may not be among them,
+    nor import through them). `local_mp` forks its node processes from a server that imported
+    these once (the first program of a launcher process decides what it imports), so that
+    dozens of env workers do not each import them again; other platforms ignore it.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, preload: Sequence[str] = ()):
         self.name = name
+        self.preload = tuple(preload)
         self._groups: dict[str, _Group] = {}
         self._current_group: str | None = None
 
