@@ -3,11 +3,13 @@
 The shape of the RLlib paper's "policy evaluation throughput vs cores" figure: for each
 platform and each worker count, the full IMPALA pipeline (env workers, central inference,
 learner) runs to the env-step budget, and its rate is measured by the learner node as in
-benchmarks/throughput.py (counted from the learner's start, so start-up is left out).
+benchmarks/throughput.py (counted from the learner's start, so start-up is left out). As run.py
+does, the programs use JAX's persistent compilation cache in runs/.jax_cache unless
+--no_compile_cache: the first run of a config compiles its programs, later ones load them.
 
 Usage: python benchmarks/scaling.py [--platforms local_mp,ray] [--max_workers N]
        [--workers 1,8,32] [--sleep_ms MS] [--envs_per_actor 32] [--env_steps 200000]
-       [--transport shm] [--repeats 1] [--out scaling.png]
+       [--transport shm] [--repeats 1] [--no_compile_cache] [--out scaling.png]
 Workers go 1..N, N = the cores this process may use unless --max_workers is given, or
 through the counts --workers lists. --sleep_ms=MS runs the env `sleep:MS` (envs/sleep_env.py:
 each step sleeps MS ms and uses no CPU), whose ideal rate is workers x envs_per_actor / MS
@@ -93,6 +95,9 @@ def main() -> None:
     p.add_argument("--transport", default="shm", choices=("shm", "socket"),
                    help="how env workers reach inference (ExperimentConfig.transport)")
     p.add_argument("--repeats", type=int, default=1, help="runs per point; the median is kept")
+    p.add_argument("--no_compile_cache", action="store_true",
+                   help="compile every program afresh (run.py's flag; default: run.py's cache, "
+                   "runs/.jax_cache)")
     # Not docs/scaling.png by default: a partial or exploratory run would overwrite the plot
     # docs/benchmarks.md shows (ask for it with --out docs/scaling.png).
     p.add_argument("--out", default="scaling.png")
@@ -107,13 +112,18 @@ def main() -> None:
     if args.sleep_ms is not None:
         args.env = f"sleep:{args.sleep_ms:g}"
     factory = make_env_factory(args.env)
+    # Here, not at the top: node processes re-run this module's top level (see throughput.py).
+    from trellis.builders.experiments.session import compile_cache, compile_cache_dir
+
+    cache = None if args.no_compile_cache else compile_cache_dir(os.path.join("runs", "scaling"))
     results: dict = {name: {} for name in platforms}
     load_start = os.getloadavg()
-    # Worker counts in the outer loop: drift in the machine's load hits all platforms alike.
-    for n in workers:
-        for name in platforms:
-            print(f"running {n} env worker(s) on {name} ...", flush=True)
-            results[name][str(n)] = measure(factory, name, n, args)
+    with compile_cache(cache):
+        # Worker counts in the outer loop: drift in the machine's load hits all platforms alike.
+        for n in workers:
+            for name in platforms:
+                print(f"running {n} env worker(s) on {name} ...", flush=True)
+                results[name][str(n)] = measure(factory, name, n, args)
     load_end = os.getloadavg()
 
     machine = f"{platform.machine()}, {cores} cores"
@@ -125,6 +135,7 @@ def main() -> None:
     print(f"{args.env}, IMPALA, {args.envs_per_actor} envs per worker over {args.transport}, "
           f"{args.env_steps:,} env steps per run, median of {args.repeats}; {machine}")
     print(f"load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
+    print(f"compilation cache: {cache or 'none (--no_compile_cache)'}")
     header = f"{'workers':>7}"
     for name in platforms:
         header += f"{name + ' env steps/s':>24}{f'vs {workers[0]}':>7}{'learner steps/s':>17}"
@@ -153,6 +164,7 @@ def main() -> None:
         "env_steps": args.env_steps,
         "transport": args.transport,
         "repeats": args.repeats,
+        "compile_cache": cache,
         "machine": machine,
         "cores": cores,
         "workers": workers,
