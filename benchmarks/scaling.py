@@ -4,8 +4,10 @@ The shape of the RLlib paper's "policy evaluation throughput vs cores" figure: f
 platform and each worker count, the full IMPALA pipeline (env workers, central inference,
 learner) runs to the env-step budget, and its rate is measured by the learner node as in
 benchmarks/throughput.py (counted from the learner's start, so start-up is left out). As run.py
-does, the programs use JAX's persistent compilation cache in runs/.jax_cache unless
---no_compile_cache: the first run of a config compiles its programs, later ones load them.
+does, the programs use JAX's persistent compilation cache in runs/.jax_cache, and each point's
+runs come after a warm-up run of one env step per env that puts its programs there (compiling
+them is start-up too: on 2 cores it took the 32-worker run's first seconds); with
+--no_compile_cache every run compiles its programs, and there is no warm-up.
 
 Usage: python benchmarks/scaling.py [--platforms local_mp,ray] [--max_workers N]
        [--workers 1,8,32] [--sleep_ms MS] [--envs_per_actor 32] [--env_steps 200000]
@@ -37,8 +39,14 @@ SMOKE_FLAGS = ["--platforms=local_mt", "--max_workers=1", "--envs_per_actor=4",
                "--env_steps=2000", "--out=scaling.png"]
 
 
-def measure(factory, platform_name: str, num_actors: int, args) -> dict:
-    """Median env and learner steps/s over `args.repeats` runs, and every run's figures."""
+def measure(factory, platform_name: str, num_actors: int, args, warm_up: bool) -> dict:
+    """Median env and learner steps/s over `args.repeats` runs, and every run's figures; with
+    `warm_up`, after a run that is not kept, of one env step per env: every batch size's
+    programs compile in any run, whatever its budget (the node's end waits for them)."""
+    if warm_up:
+        pipeline(factory, platform_name, args.transport, argparse.Namespace(
+            num_actors=num_actors, envs_per_actor=args.envs_per_actor,
+            env_steps=num_actors * args.envs_per_actor), learn=True)
     run_args = argparse.Namespace(num_actors=num_actors, envs_per_actor=args.envs_per_actor,
                                   env_steps=args.env_steps)
     runs = [pipeline(factory, platform_name, args.transport, run_args, learn=True)
@@ -96,8 +104,8 @@ def main() -> None:
                    help="how env workers reach inference (ExperimentConfig.transport)")
     p.add_argument("--repeats", type=int, default=1, help="runs per point; the median is kept")
     p.add_argument("--no_compile_cache", action="store_true",
-                   help="compile every program afresh (run.py's flag; default: run.py's cache, "
-                   "runs/.jax_cache)")
+                   help="compile every program afresh, with no warm-up run (run.py's flag; "
+                   "default: run.py's cache, runs/.jax_cache)")
     # Not docs/scaling.png by default: a partial or exploratory run would overwrite the plot
     # docs/benchmarks.md shows (ask for it with --out docs/scaling.png).
     p.add_argument("--out", default="scaling.png")
@@ -123,7 +131,7 @@ def main() -> None:
         for n in workers:
             for name in platforms:
                 print(f"running {n} env worker(s) on {name} ...", flush=True)
-                results[name][str(n)] = measure(factory, name, n, args)
+                results[name][str(n)] = measure(factory, name, n, args, warm_up=bool(cache))
     load_end = os.getloadavg()
 
     machine = f"{platform.machine()}, {cores} cores"
@@ -135,7 +143,8 @@ def main() -> None:
     print(f"{args.env}, IMPALA, {args.envs_per_actor} envs per worker over {args.transport}, "
           f"{args.env_steps:,} env steps per run, median of {args.repeats}; {machine}")
     print(f"load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
-    print(f"compilation cache: {cache or 'none (--no_compile_cache)'}")
+    print(f"compilation cache: {cache}, a warm-up run before each point" if cache
+          else "compilation cache: none (--no_compile_cache), no warm-up")
     header = f"{'workers':>7}"
     for name in platforms:
         header += f"{name + ' env steps/s':>24}{f'vs {workers[0]}':>7}{'learner steps/s':>17}"
