@@ -113,6 +113,15 @@ def test_a_worker_that_cannot_reach_the_hub_says_so_once_and_uses_the_socket(cap
     assert lines[0].endswith("); stepping over the socket")
 
 
+def test_a_worker_whose_hub_is_gone_as_the_program_stops_says_nothing(capfd):
+    # A learner that reached its budget before every worker connected has closed its hub.
+    unrolls, episodes, stop = [], [], threading.Event()
+    server = _server(unrolls, episodes, stop, shared_memory=False)
+    stop.set()
+    _run_worker(server, "\0trellis-shm-closed", stop, lambda: True)
+    assert capfd.readouterr().err == ""
+
+
 @pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")
 def test_a_worker_that_connects_while_the_policy_compiles_keeps_shared_memory(monkeypatch):
     # On a GPU, Pong's policy compiled for longer than a worker waits for the hub's answer.

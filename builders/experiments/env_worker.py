@@ -356,7 +356,7 @@ class EnvWorker:
         spec = self._factory.spec()
         fmt = step_format(spec)
         envs = self._factory.make_vector(self._group_envs, seed=seed)
-        channel = self._shm_channel(worker_id, run_id, spec)
+        channel = self._shm_channel(worker_id, run_id, spec, stop)
         try:
             step = (self._socket_step(worker_id, run_id) if channel is None
                     else shm_step(channel, fmt, stop))
@@ -367,8 +367,8 @@ class EnvWorker:
             if channel is not None:
                 channel.close()
 
-    def _shm_channel(self, worker_id: int, run_id: int,
-                     spec: EnvSpec | MultiAgentSpec) -> shm.Channel | None:
+    def _shm_channel(self, worker_id: int, run_id: int, spec: EnvSpec | MultiAgentSpec,
+                     stop: _GroupStop) -> shm.Channel | None:
         """Slots shared with the inference server, or None: it offers none, or they fail here."""
         address = self._inference.shm_address()
         if address is None:
@@ -377,6 +377,10 @@ class EnvWorker:
         try:
             return shm.connect(address, layout, pack_hello(worker_id, run_id), row=worker_id)
         except OSError as e:  # Another host, another network namespace, not enough memory.
+            # Or a learner that stopped as this worker connected (a budget of one round, 64
+            # workers on 2 cores), its hub closed, maybe just before our stop event is set.
+            if isinstance(e, ConnectionError) and stop.wait(1.0):
+                return None
             print(f"env worker {worker_id}: no shared memory with the inference server "
                   f"({e}); stepping over the socket", file=sys.stderr, flush=True)
             return None
