@@ -193,6 +193,12 @@ def print_pid_and_wait() -> None:
     runtime.stop_event().wait()
 
 
+def print_pid_and_ignore_the_stop() -> None:
+    """A node stuck where it never looks at the stop event (a long native call, say)."""
+    _print_pid()
+    time.sleep(600)
+
+
 def return_at_once() -> None:
     return None
 
@@ -209,6 +215,17 @@ program.add_node(runtime.PyNode(launch_nodes.print_pid_and_wait), label="waiter"
 result = runtime.launch(program, platform="local_mp", stop_timeout_s=5.0)
 print("RESULT", result.stopped_by, result.reason, flush=True)
 sys.exit(result.exit_code)
+"""
+
+
+# A launcher of one node that never looks at the stop event: only the watchdog can end it.
+STUCK_SCRIPT = """
+from trellis.launch import runtime
+from tests import launch_nodes
+
+program = runtime.Program("stuck")
+program.add_node(runtime.PyNode(launch_nodes.print_pid_and_ignore_the_stop), label="stuck")
+runtime.launch(program, platform="local_mp")
 """
 
 

@@ -434,6 +434,20 @@ def test_children_exit_when_launcher_is_killed():
     assert not _wait_gone(pids, 5.0)
 
 
+def test_a_node_that_never_looks_at_the_stop_exits_when_the_launcher_is_killed():
+    # Its parent is the fork server, which lives on while the node does: the node's watchdog
+    # notices the launcher's end through the lifeline instead.
+    process = subprocess.Popen([sys.executable, "-c", nodes.STUCK_SCRIPT],
+                               stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("PID "), line
+    finally:
+        process.kill()
+        process.wait()
+    assert not _wait_gone([int(line.split()[1])], 5.0)
+
+
 def test_unknown_platform():
     program = runtime.Program("p")
     program.add_node(runtime.PyNode(nodes.return_at_once))
