@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
 import pickle
 import signal
@@ -17,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests import launch_nodes as nodes
+from tests import processes
 from trellis.launch import runtime
 from trellis.launch.runtime import node_context, rpc
 
@@ -374,13 +373,9 @@ def test_signal_stops_program_and_children(signum):
     assert not _wait_gone(pids, 0.0)
 
 
-def _children(pid: int) -> set[int]:
-    out = set()
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        with contextlib.suppress(OSError):  # The thread or the process ended meanwhile.
-            with open(path) as f:
-                out.update(int(p) for p in f.read().split())
-    return out
+def _nodes(launcher: int) -> set[int]:
+    """The launcher's node processes: below multiprocessing's helpers, its own children."""
+    return set(processes.descendants(launcher)) - set(processes.children(launcher))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGQUIT])
@@ -393,7 +388,7 @@ def test_a_signal_while_local_mp_starts_its_nodes_stops_them_all(signum):
     try:
         deadline = time.monotonic() + 120
         while not seen and process.poll() is None and time.monotonic() < deadline:
-            seen |= _children(process.pid)
+            seen |= _nodes(process.pid)
             time.sleep(0.005)
         # Some nodes are spawned, not all: the launcher is in the middle of its start-up.
         assert 0 < len(seen) < nodes.STARTUP_NODES, seen
@@ -401,7 +396,7 @@ def test_a_signal_while_local_mp_starts_its_nodes_stops_them_all(signum):
         start = time.monotonic()
         deadline = start + 60
         while process.poll() is None and time.monotonic() < deadline:
-            seen |= _children(process.pid)
+            seen |= _nodes(process.pid)
             time.sleep(0.02)
         elapsed = time.monotonic() - start
         out = process.communicate(timeout=1)[0] if process.poll() is not None else ""

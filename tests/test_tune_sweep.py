@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from tests import processes
+
 pytest.importorskip("ray.tune")
 from trellis.builders.experiments.tuning import read_events  # noqa: E402
 
@@ -24,28 +26,6 @@ def _tune(tmp_path, *args) -> subprocess.Popen:
         [sys.executable, os.path.join(ROOT, "launch", "tune.py"), *TINY, *args,
          f"--logdir={tmp_path / 'sweep'}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _children() -> dict[int, int]:
-    """pid -> parent pid of every process."""
-    parents = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except (OSError, ValueError):
-            continue
-        if name.isdigit():
-            parents[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    return parents
-
-
-def _descendants(pid: int) -> set[int]:
-    parents, found, frontier = _children(), set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def _cmdline(pid: int) -> str:
@@ -92,7 +72,7 @@ def test_a_sweep_ends_with_every_trial_and_a_killed_one_marked_failed(tmp_path):
     try:
         _wait_for(lambda: len(_reporting_trials(tmp_path / "sweep")) == 3, 400,
                   "three trials reporting")
-        workers = _wait_for(lambda: sorted(p for p in _descendants(proc.pid)
+        workers = _wait_for(lambda: sorted(p for p in processes.descendants(proc.pid)
                                            if "ImplicitFunc" in _cmdline(p)), 30,
                             "the trials' worker processes")
         os.kill(workers[0], signal.SIGKILL)
@@ -122,7 +102,7 @@ def test_ctrl_c_stops_every_trial_and_leaves_no_process(tmp_path):
     proc = _tune(tmp_path, "--num_trials=2", "--total_env_steps=10000000")
     try:
         _wait_for(lambda: _reporting_trials(tmp_path / "sweep"), 400, "a trial reporting")
-        tree = _descendants(proc.pid)
+        tree = processes.descendants(proc.pid)
         assert any("raylet" in _cmdline(p) for p in tree)
         proc.send_signal(signal.SIGINT)
         start = time.monotonic()
@@ -131,7 +111,7 @@ def test_ctrl_c_stops_every_trial_and_leaves_no_process(tmp_path):
                   f"the sweep's processes to end: {sorted(_alive(tree))}")
     finally:
         proc.kill()
-        for pid in _alive(_descendants(proc.pid)):
+        for pid in _alive(processes.descendants(proc.pid)):
             os.kill(pid, signal.SIGKILL)
     assert proc.returncode in (0, 130)
 
