@@ -71,6 +71,14 @@ class Echo:
         return "secret"
 
 
+class SlowEcho(Echo):
+    """An `Echo` that takes `seconds` to construct (as a learner tracing its programs)."""
+
+    def __init__(self, seconds: float):
+        time.sleep(seconds)
+        super().__init__()
+
+
 class Caller:
     """Gets handles nested in a list, a dict and a tuple; calls through the clients."""
 

@@ -480,6 +480,35 @@ def test_node_context_outside_nodes():
         runtime.request_stop("bad", info=[1])
 
 
+def test_a_service_nodes_port_is_its_own_from_the_launch(tmp_path):
+    """Nobody else can bind a node's port while the node is being built (a launch beside it once
+    took a learner's port meanwhile: "Address already in use" at its bind), and a restarted
+    node's process binds it again while its last one's connections linger in TIME_WAIT."""
+    program = runtime.Program("ports")
+    slow = program.add_node(runtime.CourierNode(nodes.SlowEcho, 3.0), label="slow")
+    running = runtime.launch(program, platform="local_mp", block=False)
+    try:
+        address = slow.address
+        for reuse in (False, True):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                if reuse:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                with pytest.raises(OSError, match="in use"):
+                    sock.bind((address.host, address.port))
+        assert slow.dereference(timeout_s=30).add(1, 2) == 3
+    finally:
+        running.stop()
+
+    sock = rpc.reserve_port()
+    address = rpc.TcpAddress("127.0.0.1", sock.getsockname()[1], b"secret")
+    server = rpc.TcpServer(nodes.Echo(), "echo", address, sock)
+    client = rpc.connect("echo", address)
+    assert client.add(2, 3) == 5
+    server.close()  # closes its connection first: it stays in TIME_WAIT
+    del client  # (and with it its socket)
+    rpc.reserve_port(address.host, address.port).close()
+
+
 def test_free_ports_are_distinct_bindable_and_clear_of_ephemeral_ports():
     # A node binds its port later; outgoing connections take ephemeral ports meanwhile (64
     # env workers connecting once took an actor's). Ray's worker ports (10002-19999) are

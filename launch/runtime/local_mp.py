@@ -9,8 +9,9 @@ first local_mp launch of a process and serves every later one; so that a node se
 launcher's environment as it is now, not as it was then, each node process takes the
 launcher's `os.environ` first thing.
 
-Launcher side: each service node gets a port on 127.0.0.1 (free a moment ago) and every node the
-program's random secret, its pickled arguments, the write end of a status pipe, the shared stop
+Launcher side: each service node gets a socket bound to a free port of 127.0.0.1, on which it
+listens once it serves (so that no other server takes the port while it starts), and every node
+the program's random secret, its pickled arguments, the write end of a status pipe, the shared stop
 event and the read end of a lifeline (a pipe the launcher never writes to). The launcher waits
 on all status pipes and process sentinels at once, so a message or a death is noticed at once.
 A process that dies without reporting is an error of its node.
@@ -20,7 +21,7 @@ SIGINT and SIGQUIT (Ctrl-C and Ctrl-\\ reach the whole process group; the launch
 the stop), exit when the lifeline ends (the launcher is gone), serve, run, report.
 
 A node the launcher restarts gets a new process from its kept payload, at the same address (the
-old process is gone first, so its port is free again).
+old process is gone first, so its port can be bound again).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -78,17 +80,23 @@ class Backend:
     def start(self) -> None:
         nodes = self._program.nodes
         secret = os.urandom(_SECRET_BYTES)
-        for node in nodes:
-            node.address = (
-                rpc.TcpAddress(_HOST, rpc.free_port(_HOST), secret) if node.serves_rpcs else None
-            )
-        # Pickle every node before starting any: a bad argument fails the launch, not a node.
-        self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
-        # The launcher keeps a read end too, for the processes of restarted nodes.
-        self._stop_reader, self._stop_writer = self._context.Pipe(duplex=False)
-        self._lifeline, self._lifeline_writer = self._context.Pipe(duplex=False)
-        for node in nodes:
-            self._children.append(self._spawn(node, restarts=0))
+        sockets = {node.label: rpc.reserve_port(_HOST) for node in nodes if node.serves_rpcs}
+        try:
+            for node in nodes:
+                node.address = (
+                    rpc.TcpAddress(_HOST, sockets[node.label].getsockname()[1], secret)
+                    if node.serves_rpcs else None)
+            # Pickle every node before starting any: a bad argument fails the launch, not a node.
+            self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
+            # The launcher keeps a read end too, for the processes of restarted nodes.
+            self._stop_reader, self._stop_writer = self._context.Pipe(duplex=False)
+            self._lifeline, self._lifeline_writer = self._context.Pipe(duplex=False)
+            for node in nodes:
+                self._children.append(self._spawn(node, sockets.pop(node.label, None),
+                                                  restarts=0))
+        finally:
+            for sock in sockets.values():  # of nodes not started: the launch failed
+                sock.close()
 
     def restart(self, label: str, restarts: int) -> None:
         index = next(i for i, c in enumerate(self._children) if c.label == label)
@@ -103,26 +111,35 @@ class Backend:
             old.reader.close()
         old.process.close()
         node = next(n for n in self._program.nodes if n.label == label)
-        self._children[index] = self._spawn(node, restarts)
+        address = node.address
+        sock = (rpc.reserve_port(address.host, address.port)
+                if isinstance(address, rpc.TcpAddress) else None)
+        self._children[index] = self._spawn(node, sock, restarts)
 
-    def _spawn(self, node: program_lib.Node, restarts: int) -> _Child:
+    def _spawn(self, node: program_lib.Node, sock: socket.socket | None,
+               restarts: int) -> _Child:
+        """Starts `node`'s process, handing it `sock` (bound to its address; closed here)."""
         reader, writer = self._context.Pipe(duplex=False)
         assert self._stop_reader is not None and self._lifeline is not None
         priority = (min(19, os.getpriority(os.PRIO_PROCESS, 0) + node.nice) if node.nice
                     else None)
         process = self._context.Process(
             target=child_main,
-            args=(node.label, node.address, self._payloads[node.label], writer,
+            args=(node.label, node.address, sock, self._payloads[node.label], writer,
                   PipeStopEvent(self._stop_reader), self._lifeline, _Stdio(), dict(os.environ),
                   priority, restarts),
             name=f"trellis:{node.label}",
         )
         # The fork server, started by the first start, and through it every node process
         # start with the signals blocked too.
-        with _blocking(_GROUP_SIGNALS):
-            process.start()
-        # Drop our copy of the write end so that the child's exit reads as EOF here.
-        writer.close()
+        try:
+            with _blocking(_GROUP_SIGNALS):
+                process.start()
+        finally:
+            # Drop our copies: the child's exit reads as EOF here, and its port is its own.
+            writer.close()
+            if sock is not None:
+                sock.close()
         return _Child(node.label, process, reader, exit_ok_after_finish=not node.serves_rpcs)
 
     def poll(self, timeout_s: float) -> list[Status]:
@@ -273,6 +290,7 @@ class PipeStopEvent:
 def child_main(
     label: str,
     address: rpc.TcpAddress | None,
+    sock: socket.socket | None,
     payload: bytes,
     writer: multiprocessing.connection.Connection,
     stop_event: PipeStopEvent,
@@ -287,6 +305,7 @@ def child_main(
     Args:
       label: the node's label.
       address: where to serve RPCs (service nodes), else None.
+      sock: a socket bound to `address` (service nodes), else None.
       payload: the pickled node (see `program.pickle_node`).
       writer: write end of the status pipe to the launcher.
       stop_event: the program's shared stop event.
@@ -333,7 +352,7 @@ def child_main(
                 pass  # the launcher is gone; the watchdog ends this process
 
     context = NodeContext(label, stop_event, report, restarts)
-    ok = program_lib.execute_in_process(payload, context, address)
+    ok = program_lib.execute_in_process(payload, context, address, sock)
     writer.close()
     code = 0 if ok else 1
     # The orderly part of Python's exit still runs (multiprocessing runs its finalizers, joins

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gc
 import pickle
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -197,10 +198,11 @@ def execute(payload: bytes, context: NodeContext, serve: Callable[[Any], None]) 
         return False
 
 
-def execute_in_process(payload: bytes, context: NodeContext,
-                       address: rpc.TcpAddress | None) -> bool:
+def execute_in_process(payload: bytes, context: NodeContext, address: rpc.TcpAddress | None,
+                       sock: socket.socket | None = None) -> bool:
     """`execute` for a node that owns its process (local_mp, ray): binds `context` to the
-    process and serves the node's RPCs over TCP at `address`; returns as `execute`.
+    process and serves the node's RPCs over TCP at `address` (on `sock`, bound to it already,
+    where given); returns as `execute`.
 
     Python's cyclic garbage collector is off until the node reports "ready": its start (its
     imports, and for the learner the programs it traces) makes most of what the process will
@@ -218,7 +220,7 @@ def execute_in_process(payload: bytes, context: NodeContext,
 
     def serve(instance: Any) -> None:
         assert address is not None, f"node '{context.label}' serves RPCs but has no address"
-        servers.append(rpc.TcpServer(instance, context.label, address))
+        servers.append(rpc.TcpServer(instance, context.label, address, sock))
 
     ok = execute(payload, context, serve)
     for server in servers:

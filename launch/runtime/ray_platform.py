@@ -3,12 +3,12 @@
 Ray places the nodes (by the resources their groups ask for), starts and kills their processes;
 nodes still call each other over the program's authenticated TCP RPC (launch/runtime/rpc.py), so
 clients keep exactly the sync and `.futures` semantics of `local_mp`. Each actor first reports
-the IP of
-the Ray node it landed on and a free port there: that becomes the node's address, which handles
-carry. On a cluster of several Ray nodes, the nodes that ask for a GPU or a custom resource are
-placed first, before any CPU-only node asks for room (see `_placement_waves`). Then its
-`run_node` call runs the node; the launcher long-polls each actor for its
-`Status` messages, and a failed `run_node` call (the actor's process died) is the node's error.
+the IP of the Ray node it landed on and a free port there, which it keeps bound until its node
+serves: that becomes the node's address, which handles carry. On a cluster of several Ray
+nodes, the nodes that ask for a GPU or a custom resource are placed first, before any CPU-only
+node asks for room (see `_placement_waves`). Then its `run_node` call runs the node; the
+launcher long-polls each actor for its `Status` messages, and a failed `run_node` call (the
+actor's process died) is the node's error.
 
 A restarted node gets a new actor pinned to the same Ray node and port, so its clients' address
 stays valid. Ray is imported only when this platform is used.
@@ -27,6 +27,7 @@ import dataclasses
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -58,13 +59,15 @@ class _NodeActor:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._statuses: queue.SimpleQueue[Status] = queue.SimpleQueue()
+        self._sock: socket.socket | None = None
 
     def place(self) -> tuple[str, int, str]:
-        """(IP of this Ray node, a port free there a moment ago, Ray node id)."""
+        """(IP of this Ray node, a port bound there for the node, Ray node id)."""
         import ray
 
         host = ray.util.get_node_ip_address()
-        return host, rpc.free_port(host), ray.get_runtime_context().get_node_id()
+        self._sock = rpc.reserve_port(host)
+        return host, self._sock.getsockname()[1], ray.get_runtime_context().get_node_id()
 
     def run_node(self, label: str, address: rpc.TcpAddress | None, payload: bytes,
                  restarts: int, nice: int) -> bool:
@@ -73,7 +76,12 @@ class _NodeActor:
         os.nice(nice)
         os.environ["TRELLIS_NODE_LABEL"] = label
         context = NodeContext(label, self._stop, self._statuses.put, restarts)
-        return program_lib.execute_in_process(payload, context, address)
+        # A restarted node's actor was not placed: its server binds the port again.
+        sock, self._sock = self._sock, None
+        if address is None and sock is not None:
+            sock.close()
+            sock = None
+        return program_lib.execute_in_process(payload, context, address, sock)
 
     def statuses(self, timeout_s: float) -> list[Status]:
         """The node's messages: waits up to `timeout_s` for the first, then takes the rest."""

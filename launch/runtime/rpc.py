@@ -139,28 +139,54 @@ def connect(label: str, address: Address, timeout_s: float = 60.0) -> Client:
     raise TypeError(f"unknown address type {type(address).__name__} for node '{label}'")
 
 
-# Ports this process has handed out, so that it never hands one out twice before its node
-# binds it.
+# Ports this process has handed out, so that it never hands one out twice before they are bound.
 _handed_out: set[int] = set()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a port that was free a moment ago, below the kernel's ephemeral range where
-    Linux says what it is.
+def reserve_port(host: str = "127.0.0.1", port: int | None = None) -> socket.socket:
+    """Returns a socket bound to `port` of `host`, or to a free port, not listening yet: a
+    node's `TcpServer` listens on it.
 
-    The node binds the port later; an ephemeral port could be taken meanwhile by any outgoing
-    connection (64 env workers connecting to the learner took one: "Address already in use"
-    at an actor's bind), a port below that range only by another server.
+    Bound from the launch until the node serves, the port cannot be taken by anyone else
+    meanwhile: a port that was only free a moment ago was, while a learner was being built
+    ("Address already in use" at its bind, beside another launch). A free port is bound
+    without SO_REUSEADDR, so that no other socket may share it; a given `port` (a restarted
+    node's) with it, since its last process's connections may linger in TIME_WAIT.
+    Free ports are picked below the kernel's ephemeral range where Linux says what it is
+    (elsewhere the kernel picks): one picked only to be bound later (`free_port`) could be
+    taken by any outgoing connection.
     """
+    if port is not None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
     rng = np.random.default_rng()
     low = _ephemeral_low()
     for _ in range(100 if low > _LOWEST_PORT + 1000 else 0):
-        port = int(rng.integers(_LOWEST_PORT, low))
-        if port not in _handed_out and _bindable(host, port):
-            _handed_out.add(port)
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # Elsewhere: the kernel's.
-        sock.bind((host, 0))
+        pick = int(rng.integers(_LOWEST_PORT, low))
+        if pick in _handed_out:
+            continue
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, pick))
+        except OSError:
+            sock.close()
+            continue
+        return sock
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Returns a port that was free a moment ago (see `reserve_port`), for a server bound later
+    in another way (a Ray head's)."""
+    with reserve_port(host) as sock:
         port = int(sock.getsockname()[1])
     _handed_out.add(port)
     return port
@@ -178,15 +204,6 @@ def _ephemeral_low() -> int:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def resolve_method(instance: Any, name: str, label: str) -> Callable[..., Any]:
@@ -473,15 +490,24 @@ class TcpServer:
     be running native code, e.g. JAX) when the process exits.
     """
 
-    def __init__(self, instance: Any, label: str, address: TcpAddress):
+    def __init__(self, instance: Any, label: str, address: TcpAddress,
+                 sock: socket.socket | None = None):
+        """`sock`: bound to `address` already (`reserve_port`), else the server binds it."""
         self._instance = instance
         self._label = label
         self._authkey = address.authkey
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, threading.Thread] = {}
-        # create_server sets SO_REUSEADDR, so a port freed by the launcher a moment ago binds.
-        self._sock = socket.create_server((address.host, address.port))
+        if sock is None:
+            # create_server sets SO_REUSEADDR, so a port freed a moment ago binds.
+            sock = socket.create_server((address.host, address.port))
+        else:
+            # Accepted connections take it on: a restarted node's process binds the port again
+            # while they linger in TIME_WAIT.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.listen()
+        self._sock = sock
         # Accept with a timeout so that close() is noticed without platform-specific tricks.
         self._sock.settimeout(0.5)
         self._thread = threading.Thread(
