@@ -178,7 +178,7 @@ def test_core_defaults_fill_only_the_fields_left_unset():
     from trellis.envs import EnvSpec
 
     ff, lstm = ImpalaConfig(), ImpalaConfig(core="lstm")
-    assert (ff.learning_rate, ff.hidden_sizes, ff.normalize_observations) == (5e-3, (64, 64), False)
+    assert (ff.learning_rate, ff.hidden_sizes, ff.normalize_observations) == (4e-3, (64, 64), False)
     assert (lstm.learning_rate, lstm.hidden_sizes, lstm.normalize_observations) == (
         3e-3, (64,), True)
     mine = ImpalaConfig(core="lstm", learning_rate=1e-3, normalize_observations=False)

@@ -84,16 +84,21 @@ def test_concurrent_producers_lose_and_duplicate_nothing(make_queue):
 
 @pytest.mark.parametrize("backend", ["native", pytest.param("reverb", marks=pytest.mark.reverb)])
 def test_run_through_a_replay_node_learns(backend, tmp_path):
+    """Learning is reaching a return target within an env-step budget, as in
+    tests/test_ray.py: at a fixed 60k steps the return ranged 90-173 over 12 runs three at a
+    time (IMPALA at 4e-3) and once fell to 57.3 in a loaded `make test`; 4x random play is
+    reached after 32k-48k steps."""
     if backend == "reverb" and not rt.reverb_available():
         pytest.skip("dm-reverb is not installed here (`make test-reverb` runs this)")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(
         [sys.executable, os.path.join(repo, "launch", "run.py"), "--platform=local_mp",
-         "--unroll_queue=replay", f"--replay_backend={backend}", "--total_env_steps=60000",
-         "--stop_at_return=none", "--eval_every=0", f"--logdir={tmp_path}"],
+         "--unroll_queue=replay", f"--replay_backend={backend}", "--total_env_steps=200000",
+         "--stop_at_return=88", "--eval_every=0", f"--logdir={tmp_path}"],
         capture_output=True, text=True, timeout=300, cwd=repo)
     assert out.returncode == 0, out.stderr
     with open(tmp_path / "summary.json") as f:
         s = json.load(f)
-    assert s["stopped_by"] == "budget" and s["learner_steps"] > 50
-    assert s["mean_return"] > 60, s  # Random play scores about 22.
+    # Random play scores about 22.
+    assert s["stopped_by"] == "return_target" and s["mean_return"] >= 88, s
+    assert s["env_steps"] < 200_000 and s["learner_steps"] > 50, s

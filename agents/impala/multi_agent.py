@@ -51,7 +51,8 @@ class IImpalaConfig(PolicyMappingConfig, ImpalaConfig):
       differences between states to learn.
     - `learning_rate` 5e-4 and `entropy_cost` 0.01: the settings published for independent
       actor-critic on MPE (MARLlib's finetuned mpe/ia2c.yaml; EPyMARL's ia2c.yaml has lr
-      5e-4 with standardised rewards); IMPALA's CartPole default, 5e-3, is unstable here.
+      5e-4 with standardised rewards); IMPALA's CartPole rate (5e-3 then, 4e-3 now) is unstable
+      here.
     """
 
     learning_rate: float | None = setting(
