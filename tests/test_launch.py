@@ -480,7 +480,7 @@ def test_node_context_outside_nodes():
         runtime.request_stop("bad", info=[1])
 
 
-def test_a_service_nodes_port_is_its_own_from_the_launch(tmp_path):
+def test_a_service_nodes_port_is_its_own_from_the_launch():
     """Nobody else can bind a node's port while the node is being built (a launch beside it once
     took a learner's port meanwhile: "Address already in use" at its bind), and a restarted
     node's process binds it again while its last one's connections linger in TIME_WAIT."""

@@ -157,29 +157,26 @@ def reserve_port(host: str = "127.0.0.1", port: int | None = None) -> socket.soc
     taken by any outgoing connection.
     """
     if port is not None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            raise
-        return sock
+        return _bound(host, port, reuse=True)
     rng = np.random.default_rng()
     low = _ephemeral_low()
     for _ in range(100 if low > _LOWEST_PORT + 1000 else 0):
         pick = int(rng.integers(_LOWEST_PORT, low))
-        if pick in _handed_out:
-            continue
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind((host, pick))
-        except OSError:
-            sock.close()
-            continue
-        return sock
+        if pick not in _handed_out:
+            with contextlib.suppress(OSError):  # Taken: pick another.
+                return _bound(host, pick, reuse=False)
+    return _bound(host, 0, reuse=False)
+
+
+def _bound(host: str, port: int, reuse: bool) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((host, 0))
+    try:
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
