@@ -63,16 +63,25 @@ def child_process(command: Sequence[str], grace_s: float = STOP_GRACE_S,
     Inside, SIGTERM to the benchmark raises SystemExit(143): Python's default would end the
     benchmark at once, without this cleanup. A Ctrl-C at the terminal reaches the benchmark
     only (the child's group is not the terminal's): its KeyboardInterrupt stops the child.
+    Either signal, arriving while `Popen` has started the child but not yet returned it, is
+    held until the child is in hand: raised inside `Popen`, it would lose the child.
     """
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         process = subprocess.Popen(command, start_new_session=True, **popen_kwargs)
         try:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            signal.signal(signal.SIGINT, previous[signal.SIGINT])
+            for sig in pending:
+                signal.raise_signal(sig)
             yield process
         finally:
             stop_group(process, grace_s)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_child(command: Sequence[str], check: bool = False, capture_output: bool = False,

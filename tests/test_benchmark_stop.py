@@ -92,6 +92,37 @@ def test_run_child_stops_its_child_and_grandchildren(sig):
         raise
 
 
+# The signal lands while `subprocess.Popen` has started the child but not yet returned it
+# (the window a loaded machine once hit in CI: the benchmark exited and left its run.py).
+DRIVER_SIGNALLED_IN_POPEN = f"""
+import os, signal, subprocess, sys
+sys.path.insert(0, {BENCHMARKS!r})
+from common import run_child
+
+class Popen(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+subprocess.Popen = Popen
+run_child(["sh", "-c", "sleep 600 & sleep 600"])
+"""
+
+
+def test_a_signal_while_the_child_starts_still_stops_it():
+    benchmark = subprocess.Popen([sys.executable, "-c", DRIVER_SIGNALLED_IN_POPEN],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = int(benchmark.stdout.readline())
+    try:
+        benchmark.communicate(timeout=60)
+        assert benchmark.returncode == 143
+        _poll(lambda: not _group(child), 5, f"process group {child} empty: {_group(child)}")
+    except BaseException:
+        _kill(benchmark, [child])
+        raise
+
+
 def test_alphazero_benchmark_stops_its_run(tmp_path):
     """SIGTERM to benchmarks/alphazero.py once its run.py has started: both end, and no
     process of the run's group is left."""
