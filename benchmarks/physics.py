@@ -72,7 +72,8 @@ def main(argv: list[str]) -> dict:
         settings = flag_parser.parse(flags, prog="physics.py")
         builder, env_factory = settings.build()
         population = make_population(builder, env_factory, settings.experiment.seed,
-                                     settings.experiment.return_window, settings.platform())
+                                     settings.experiment.return_window, settings.platform(),
+                                     settings.experiment.total_env_steps)
         steps_per_call = population.env_steps_per_call
         spec, env = env_factory.spec(), env_factory.make()
         num_envs = population.anakin.num_envs

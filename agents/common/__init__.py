@@ -36,8 +36,10 @@ from trellis.agents.common.training import (
     importance_weights,
     init_target_network_state,
     init_training_state,
+    learning_rate_factor,
     make_optimizer,
     set_hparams,
+    set_learning_rate_factor,
 )
 
 __all__ = [
@@ -45,7 +47,7 @@ __all__ = [
     "LSTMCore", "LSTMState", "MLPTorso", "ObservationNormalizer", "ReplayLearner",
     "ResidualBlock", "TargetNetworkState", "TrainingState", "TransitionReplay",
     "channels_first", "diagonal_gaussian_log_prob", "get_hparams", "importance_weights",
-    "init_target_network_state", "init_training_state", "initial_moments", "lstm_initial_state",
-    "make_optimizer", "make_torso", "reset_where", "set_hparams", "unrolls_to_transitions",
-    "update_moments",
+    "init_target_network_state", "init_training_state", "initial_moments",
+    "learning_rate_factor", "lstm_initial_state", "make_optimizer", "make_torso", "reset_where",
+    "set_hparams", "set_learning_rate_factor", "unrolls_to_transitions", "update_moments",
 ]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
 import flax.struct
@@ -16,17 +16,60 @@ from trellis.builders.contract.config import AgentConfig
 
 
 def make_optimizer(config: AgentConfig) -> optax.GradientTransformation:
-    """Adam after global-norm gradient clipping, as `config` sets them.
+    """Adam after global-norm gradient clipping, as `config` sets them, its steps scaled by
+    the learning-rate schedule's factor (`set_learning_rate_factor`; 1 until set).
 
     The learning rate is injected (`optax.inject_hyperparams`): it lives in the optimizer
     state as an array, so checkpoints keep it and `set_hparams` changes it without a
-    recompilation. Adam's other settings stay constants of the compiled update.
+    recompilation. Adam's other settings stay constants of the compiled update. The
+    schedule's factor is apart from it, so that PBT's changes of the rate and the schedule's
+    compose: the step is learning_rate x factor.
     """
     adam = optax.inject_hyperparams(optax.adam, static_args=("b1", "b2", "eps", "eps_root"))
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
         adam(learning_rate=config.learning_rate, eps=config.adam_eps),
+        _scale_by_learning_rate_factor(),
     )
+
+
+class _LearningRateFactor(NamedTuple):
+    """The optimizer state of the schedule's factor on the learning rate."""
+
+    factor: jax.Array  # float32 scalar ([M] in a population).
+
+
+def _scale_by_learning_rate_factor() -> optax.GradientTransformation:
+    def init(params):
+        del params
+        return _LearningRateFactor(jnp.ones((), jnp.float32))
+
+    def update(updates, state, params=None):
+        del params
+        return jax.tree.map(lambda u: u * state.factor.astype(u.dtype), updates), state
+
+    return optax.GradientTransformation(init, update)
+
+
+def learning_rate_factor(env_steps: Any, total_env_steps: int) -> jax.Array:
+    """The linear schedule's factor on the learning rate after `env_steps` of a budget of
+    `total_env_steps`: 1 at the start, 0 at the budget's end and after it (the IMPALA paper's
+    schedule, Espeholt et al., 2018, and cleanrl's PPO). A number or an array, inside jit too.
+    """
+    return jnp.clip(1.0 - jnp.asarray(env_steps, jnp.float32) / total_env_steps, 0.0, 1.0)
+
+
+def _is_factor(node: Any) -> bool:
+    return isinstance(node, _LearningRateFactor)
+
+
+def set_learning_rate_factor(state: Any, factor: Any) -> Any:
+    """A copy of training state `state` whose optimizers scale their steps by `factor`
+    (broadcast to the factor each holds: [M] in a population's state)."""
+    return jax.tree.map(
+        lambda node: _LearningRateFactor(jnp.broadcast_to(
+            jnp.asarray(factor, jnp.float32), node.factor.shape)) if _is_factor(node) else node,
+        state, is_leaf=_is_factor)
 
 
 @flax.struct.dataclass

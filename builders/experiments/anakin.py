@@ -38,7 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trellis.agents.common import get_hparams, set_hparams
+from trellis.agents.common import (
+    get_hparams,
+    learning_rate_factor,
+    set_hparams,
+    set_learning_rate_factor,
+)
 from trellis.agents.common.replay import DeviceReplay
 from trellis.builders.experiments.counter import CounterSnapshot
 from trellis.builders.experiments.pbt import LISTS, Dimension, PopulationPBT, quantile_size
@@ -166,6 +171,8 @@ class Anakin:
         (`Training.acting_params`).
       replay: for an off-policy agent (`Capabilities.learns_from == REPLAY`), how it learns
         from a replay on the device; None: every update learns from the unrolls just played.
+      decay_env_steps: a member's env steps over which its learning rate falls linearly to 0
+        (`learning_rate_factor`, set before each update); None: no schedule.
     """
 
     env: Any
@@ -178,6 +185,7 @@ class Anakin:
     return_window: int
     acting_params: Callable[[Any], Any] = operator.attrgetter("params")
     replay: ReplaySettings | None = None
+    decay_env_steps: int | None = None
 
     def _act(self, params, key, timestep, policy_state):
         """The one policy call: the recorded step at `timestep` and the next policy state."""
@@ -232,9 +240,16 @@ class Anakin:
         sampled from the member's replay once it holds enough)."""
         member, batch = self.unroll(member)
         member = member.replace(updates=member.updates + 1)
+        train, schedule = member.train, {}
+        if self.decay_env_steps is not None:
+            # In float32: int32 env steps would overflow at 2^31.
+            env_steps = member.updates.astype(jnp.float32) * (self.unroll_length * self.num_envs)
+            schedule = {"learning_rate_factor": learning_rate_factor(env_steps,
+                                                                     self.decay_env_steps)}
+            train = set_learning_rate_factor(train, schedule["learning_rate_factor"])
         if self.replay is None:
-            train, metrics = self.update(member.train, batch)
-            return member.replace(train=train), metrics
+            train, metrics = self.update(train, batch)
+            return member.replace(train=train), {**metrics, **schedule}
         r = self.replay
         replay = member.replay.add(batch, r.n_step, r.discount)
         key, sample_key = jax.random.split(member.key)
@@ -247,8 +262,8 @@ class Anakin:
             metrics = jax.eval_shape(learn, train)[1]
             return train, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics)
 
-        train, metrics = jax.lax.cond(replay.size >= r.min_size, learn, wait, member.train)
-        metrics = {**metrics, "replay_size": replay.size.astype(jnp.float32)}
+        train, metrics = jax.lax.cond(replay.size >= r.min_size, learn, wait, train)
+        metrics = {**metrics, **schedule, "replay_size": replay.size.astype(jnp.float32)}
         return member.replace(train=train, replay=replay, key=key), metrics
 
     def population_steps(self, population: MemberState, num_updates: int,

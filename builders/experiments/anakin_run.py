@@ -76,8 +76,10 @@ def seconds_since_process_start() -> float | None:
 
 
 def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
-                hparam_names: Sequence[str] = (), num_members: int = 1) -> tuple[Anakin, Any]:
-    """The agent's anakin functions for `num_members` members and the device mesh they run on.
+                hparam_names: Sequence[str] = (), num_members: int = 1,
+                total_env_steps: int | None = None) -> tuple[Anakin, Any]:
+    """The agent's anakin functions for `num_members` members and the device mesh they run on;
+    with `total_env_steps`, a member's budget, the agent's `learning_rate_decay` over it.
 
     Raises:
       AnakinError: an env that is not written in JAX, a recurrent policy, an agent whose
@@ -111,7 +113,9 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
                     init=training.init, update=update, initial_state={},
                     num_envs=config.batch_size, unroll_length=config.unroll_length,
                     return_window=return_window, acting_params=training.acting_params,
-                    replay=replay)
+                    replay=replay,
+                    decay_env_steps=(total_env_steps if config.learning_rate_decay == "linear"
+                                     else None))
     return anakin, mesh
 
 
@@ -120,15 +124,17 @@ def _member_keys(seed: int, num_seeds: int) -> jax.Array:
 
 
 def make_population(builder: Any, env_factory: Any, seed: int, return_window: int,
-                    settings: PopulationSettings) -> Population:
-    """The agent's anakin program for `settings.num_seeds` members, compiled here.
+                    settings: PopulationSettings,
+                    total_env_steps: int | None = None) -> Population:
+    """The agent's anakin program for `settings.num_seeds` members, compiled here
+    (`total_env_steps`: as for `make_anakin`).
 
     Raises:
       AnakinError: see `make_anakin`.
     """
     names = [*settings.hparams, *(settings.pbt.search if settings.pbt else ())]
     anakin, mesh = make_anakin(builder, env_factory, seed, return_window, names,
-                               settings.num_seeds)
+                               settings.num_seeds, total_env_steps)
     return Population(anakin, mesh, _member_keys(seed, settings.num_seeds), settings.hparams,
                       settings.updates_per_call, settings.pbt)
 
@@ -226,7 +232,8 @@ class AnakinRun:
         self._resumes = int(resume[1].get("resumes", 0)) + 1 if resume else 0
         self._config, self._settings, self._rule, self._quiet = config, settings, stop_rule, quiet
         self._population = population = make_population(
-            builder, env_factory, config.seed, config.return_window, settings)
+            builder, env_factory, config.seed, config.return_window, settings,
+            config.total_env_steps)
         self._checkpoints = functools.cache(
             lambda: Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints))
         if resume:

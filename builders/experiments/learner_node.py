@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from trellis.agents.common import learning_rate_factor, set_learning_rate_factor
 from trellis.builders.contract.agent import Builder, init_device
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
@@ -142,6 +143,26 @@ class PolicyLag:
         lag = {"policy_lag_mean": self._sum / self._count, "policy_lag_max": float(self._max)}
         self._sum, self._count, self._max = 0, 0, 0
         return lag
+
+
+class _LearningRateSchedule:
+    """Sets the learner's learning-rate factor (`learning_rate_factor`) from the run's env
+    steps: at most 1,000 times over the budget, each a host-side replacement of the state."""
+
+    def __init__(self, total_env_steps: int):
+        self._total = total_env_steps
+        self._next = 0  # Env steps at which the factor is next due.
+        self._factor = 1.0
+
+    def apply(self, learner: Any, env_steps: int) -> None:
+        if env_steps < self._next:
+            return
+        self._factor = float(learning_rate_factor(env_steps, self._total))
+        learner.restore(set_learning_rate_factor(learner.state, self._factor))
+        self._next = env_steps + max(1, self._total // 1000)
+
+    def metrics(self) -> dict[str, float]:
+        return {"learning_rate_factor": self._factor}
 
 
 class StartupTimes:
@@ -267,6 +288,8 @@ class LearnerNode:
         self._lag = PolicyLag()
         self._served = (0, 0)  # Inference's (steps, batches) at the last log.
         self._finite = FiniteCheck()
+        self._schedule = (_LearningRateSchedule(config.total_env_steps)
+                          if builder.config.learning_rate_decay == "linear" else None)
         self._startup = StartupTimes(self._counter.snapshot())
         self._metrics: dict[str, float] = {}
         self._evaluation: dict[str, Any] | None = None
@@ -370,6 +393,8 @@ class LearnerNode:
             # Learner steps change only on this thread: this update is the snapshot's next.
             if versions is not None:
                 self._lag.add(versions, snapshot.learner_steps)
+            if self._schedule is not None:
+                self._schedule.apply(self._learner, snapshot.env_steps)
             try:
                 metrics = self._learner.step(batch)
             except jax.errors.JaxRuntimeError as e:
@@ -384,7 +409,8 @@ class LearnerNode:
             if self._log_timer.due():
                 served = (self._inference.steps, self._inference.batches)
                 self._metrics = {**{k: float(v) for k, v in jax.device_get(metrics).items()},
-                                 **self._lag.take(), **inference_batch_mean(served, self._served)}
+                                 **self._lag.take(), **inference_batch_mean(served, self._served),
+                                 **(self._schedule.metrics() if self._schedule else {})}
                 self._served = served
         return None
 

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from trellis.agents.common import learning_rate_factor, set_learning_rate_factor
 from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.counter import CounterSnapshot
@@ -181,8 +182,16 @@ class SelfPlayRun:
 
     def advance(self, timeout_s: float) -> Report:
         del timeout_s  # One compiled call: its length is the program's.
-        fields = self._evaluate(self._snapshot().learner_steps)
-        self._state, self._metrics = self._program.iterate(self._state)
+        before = self._snapshot()
+        fields = self._evaluate(before.learner_steps)
+        schedule = {}
+        if self._agent.learning_rate_decay == "linear":
+            schedule["learning_rate_factor"] = learning_rate_factor(
+                before.env_steps, self._config.total_env_steps)
+            self._state = set_learning_rate_factor(self._state,
+                                                   schedule["learning_rate_factor"])
+        self._state, metrics = self._program.iterate(self._state)
+        self._metrics = {**metrics, **schedule}
         snapshot = self._snapshot()  # Waits for the call.
         if self._steady is None:  # After the first call, which compiled the program.
             self._steady = (time.monotonic(), snapshot.env_steps)

@@ -1,0 +1,105 @@
+"""`--learning_rate_decay=linear`: the optimizer's step scaled by a factor that falls from 1 to 0
+over the env-step budget, set by each platform's loop (the learner node, anakin's program,
+self-play's)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from trellis.agents.common import learning_rate_factor, make_optimizer, set_learning_rate_factor
+from trellis.agents.ppo import Builder, Config
+from trellis.builders.experiments.anakin_run import PopulationSettings, make_population
+from trellis.envs import make_env_factory
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
+
+
+def test_the_factor_falls_linearly_to_zero_over_the_budget():
+    assert [float(learning_rate_factor(s, 1000)) for s in (0, 250, 999, 1000, 5000)] == [
+        1.0, 0.75, pytest.approx(0.001, rel=1e-4), 0.0, 0.0]
+    assert float(jax.jit(learning_rate_factor, static_argnums=1)(jnp.float32(600), 1000)) == (
+        pytest.approx(0.4))
+
+
+def test_the_factor_scales_adams_step_as_a_smaller_learning_rate():
+    """Adam's step is linear in its rate: with factor f, three steps of the optimizer equal
+    those of Adam at f x the rate (clipping off: its bound is far above these gradients)."""
+    config = Config(learning_rate=0.01, max_grad_norm=1e6)
+    params = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+    grads = [jax.tree.map(lambda p, i=i: jnp.full_like(p, 0.5 - i) + jnp.arange(p.size).reshape(
+        p.shape), params) for i in range(3)]
+    optimizer, reference = make_optimizer(config), optax.adam(0.01 * 0.3, eps=config.adam_eps)
+    state = set_learning_rate_factor(optimizer.init(params), 0.3)
+    ref_state = reference.init(params)
+    for g in grads:
+        updates, state = optimizer.update(g, state, params)
+        expected, ref_state = reference.update(g, ref_state, params)
+        for got, want in zip(jax.tree.leaves(updates), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+PPO_CONFIG = {"batch_size": 8, "unroll_length": 8, "num_minibatches": 2, "hidden_sizes": (16,)}
+
+
+def _population(decay):
+    config = Config(**PPO_CONFIG, learning_rate_decay=decay)
+    return make_population(Builder(config), make_env_factory("gymnax:CartPole-v1"), 0, 10,
+                           PopulationSettings(num_seeds=2, updates_per_call=2),
+                           total_env_steps=1000)
+
+
+def test_anakin_sets_each_members_factor_before_each_update():
+    """2 updates of 8 x 8 env steps: the second learns at 1 - 128/1000 of the rate, the
+    metrics show the mean of both (0.936 and 0.872); with no decay the factor stays 1."""
+    decayed, constant = _population("linear"), _population("none")
+    metrics, _ = decayed.step()
+    np.testing.assert_allclose(metrics["learning_rate_factor"], [0.904, 0.904], rtol=1e-6)
+    # The members' float scalars in the optimizer state: Adam's rate and the factor.
+    factors = [leaf for leaf in jax.tree.leaves(decayed.state.train.opt_state)
+               if leaf.shape == (2,) and leaf.dtype == jnp.float32
+               and not np.allclose(leaf, Config(**PPO_CONFIG).learning_rate)]
+    np.testing.assert_allclose(factors, [[0.872, 0.872]], rtol=1e-6)
+    metrics, _ = constant.step()
+    assert "learning_rate_factor" not in metrics
+    # The same seeds: the first update (factor 0.936) already moves the params differently.
+    assert not all(np.allclose(a, b) for a, b in zip(
+        jax.tree.leaves(decayed.state.train.params), jax.tree.leaves(constant.state.train.params),
+        strict=True))
+
+
+def _factors(run_dir):
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["env_steps"], r["learner/learning_rate_factor"]) for r in records
+            if "learner/learning_rate_factor" in r]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--agent=impala", "--platform=local_mt", "--total_env_steps=30000"],
+    ["--agent=ppo", "--platform=anakin", "--env=gymnax:CartPole-v1", "--total_env_steps=100000"],
+    pytest.param(["--agent=alphazero", "--platform=anakin", "--env=pgx:tic_tac_toe",
+                  "--unroll_length=9", "--batch_size=16", "--num_simulations=2",
+                  "--min_replay_size=100", "--total_env_steps=2000"],
+                 marks=pytest.mark.slow),  # About 60 s on 2 cores, mostly compiling.
+], ids=["learner_node", "anakin", "self_play"])
+def test_a_runs_records_show_the_factor_falling_with_its_env_steps(flags, tmp_path):
+    """Each record's factor was set at or before the record's env steps (so it is at least
+    1 - env_steps / budget), it never rises, and by the end it has fallen with the run."""
+    out = subprocess.run(RUN + flags + ["--learning_rate_decay=linear", "--stop_at_return=none",
+                                        "--log_every_s=0.2", f"--logdir={tmp_path}", "--quiet"],
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    budget = int(flags[-1].split("=")[1])
+    factors = _factors(tmp_path)
+    assert len(factors) >= 3, factors
+    for steps, factor in factors:
+        assert 1 - steps / budget - 1e-6 <= factor <= 1, (steps, factor)
+    assert all(a[1] >= b[1] for a, b in zip(factors, factors[1:], strict=False)), factors
+    assert factors[-1][1] < 0.5, factors
