@@ -3,8 +3,9 @@ al., 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted Actor-
 Architectures", the appendix's Atari hyper-parameters, and its Figure 3 for the network).
 
 Where Trellis differs from the paper (docs/atari.md has the table): Adam instead of RMSProp,
-a constant learning rate (the paper anneals it linearly to 0), and no LSTM by default
-(`--core=lstm` adds the paper's; the feed-forward agent steps faster on one GPU).
+and no LSTM by default (`--core=lstm` adds the paper's; the feed-forward agent steps faster on
+one GPU). The learning rate falls linearly to 0 over the run's env-step budget, as the paper's
+does over its frames.
 """
 
 ATARI = {
@@ -12,6 +13,7 @@ ATARI = {
     "pixel_torso": "resnet",
     # Learning.
     "learning_rate": 6e-4,
+    "learning_rate_schedule": "linear",
     "entropy_cost": 0.01,
     "baseline_cost": 0.5,
     "max_grad_norm": 40.0,

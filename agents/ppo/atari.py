@@ -8,11 +8,10 @@ APPO: Sample Factory's Atari settings (Petrenko et al., 2020; sf_examples/atari/
 `atari_override_defaults`), which were chosen to match cleanrl's: the same batch, clip and
 costs, Adam's epsilon 1e-5.
 
-What neither source shares with Trellis (docs/atari.md): the learning rate is constant here
-(both anneal it linearly to 0), the conv torso is PPO's default (the 2013 DQN paper's smaller
-one, not the Nature DQN's of both sources), Sample Factory normalises returns, and its Atari
-run turns V-trace off (`with_vtrace=False`, synchronous): APPO keeps V-trace, its reason to
-exist; Sample Factory's run without it is `--agent=ppo`. As in both, the actor and the critic
+What neither source shares with Trellis (docs/atari.md): the conv torso is PPO's default (the
+2013 DQN paper's smaller one, not the Nature DQN's of both sources), Sample Factory normalises
+returns, and its Atari run turns V-trace off (`with_vtrace=False`, synchronous): APPO keeps
+V-trace, its reason to exist; Sample Factory's run without it is `--agent=ppo`. As in both, the actor and the critic
 share one torso (`shared_torso`: cleanrl's network, Sample Factory's default
 `actor_critic_share_weights=True`).
 """
@@ -26,6 +25,7 @@ _COMMON = {
     "num_epochs": 4,
     "num_minibatches": 4,
     "learning_rate": 2.5e-4,
+    "learning_rate_schedule": "linear",  # Annealed to 0 over the budget in both.
     "adam_eps": 1e-5,
     "clip_epsilon": 0.1,
     "entropy_cost": 0.01,

@@ -346,10 +346,10 @@ class AgentConfig(Config):
     discount: float = setting(0.99, "discount factor of future rewards", ge=0, le=1)
     # Optimiser (Adam with global-norm gradient clipping).
     learning_rate: float = setting(1e-3, "Adam's learning rate", gt=0)
-    learning_rate_decay: str = setting(
-        "none", "the learning rate's schedule: none (constant) or linear (falls to 0 at the end "
+    learning_rate_schedule: str = setting(
+        "constant", "the learning rate's schedule: constant, or linear (falling to 0 at the end "
         "of the env-step budget, --total_env_steps; the IMPALA paper's)",
-        choices=("none", "linear"))
+        choices=("constant", "linear"))
     max_grad_norm: float = setting(40.0, "gradients are clipped to this global norm", gt=0)
     adam_eps: float = setting(1e-8, "Adam's epsilon (denominator stability)", gt=0)
 

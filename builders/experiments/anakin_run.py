@@ -79,7 +79,7 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
                 hparam_names: Sequence[str] = (), num_members: int = 1,
                 total_env_steps: int | None = None) -> tuple[Anakin, Any]:
     """The agent's anakin functions for `num_members` members and the device mesh they run on;
-    with `total_env_steps`, a member's budget, the agent's `learning_rate_decay` over it.
+    with `total_env_steps`, a member's budget, the agent's `learning_rate_schedule` over it.
 
     Raises:
       AnakinError: an env that is not written in JAX, a recurrent policy, an agent whose
@@ -114,7 +114,7 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
                     num_envs=config.batch_size, unroll_length=config.unroll_length,
                     return_window=return_window, acting_params=training.acting_params,
                     replay=replay,
-                    decay_env_steps=(total_env_steps if config.learning_rate_decay == "linear"
+                    decay_env_steps=(total_env_steps if config.learning_rate_schedule == "linear"
                                      else None))
     return anakin, mesh
 

@@ -289,7 +289,7 @@ class LearnerNode:
         self._served = (0, 0)  # Inference's (steps, batches) at the last log.
         self._finite = FiniteCheck()
         self._schedule = (_LearningRateSchedule(config.total_env_steps)
-                          if builder.config.learning_rate_decay == "linear" else None)
+                          if builder.config.learning_rate_schedule == "linear" else None)
         self._startup = StartupTimes(self._counter.snapshot())
         self._metrics: dict[str, float] = {}
         self._evaluation: dict[str, Any] | None = None

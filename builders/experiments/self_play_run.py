@@ -185,7 +185,7 @@ class SelfPlayRun:
         before = self._snapshot()
         fields = self._evaluate(before.learner_steps)
         schedule = {}
-        if self._agent.learning_rate_decay == "linear":
+        if self._agent.learning_rate_schedule == "linear":
             schedule["learning_rate_factor"] = learning_rate_factor(
                 before.env_steps, self._config.total_env_steps)
             self._state = set_learning_rate_factor(self._state,

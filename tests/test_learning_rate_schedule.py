@@ -1,4 +1,4 @@
-"""`--learning_rate_decay=linear`: the optimizer's step scaled by a factor that falls from 1 to 0
+"""`--learning_rate_schedule=linear`: the optimizer's step scaled by a factor that falls from 1 to 0
 over the env-step budget, set by each platform's loop (the learner node, anakin's program,
 self-play's)."""
 
@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from trellis.agents.common import learning_rate_factor, make_optimizer, set_learning_rate_factor
+from trellis.agents.impala import Config as ImpalaConfig
 from trellis.agents.ppo import Builder, Config
 from trellis.builders.experiments.anakin_run import PopulationSettings, make_population
 from trellis.envs import make_env_factory
@@ -27,6 +28,14 @@ def test_the_factor_falls_linearly_to_zero_over_the_budget():
         1.0, 0.75, pytest.approx(0.001, rel=1e-4), 0.0, 0.0]
     assert float(jax.jit(learning_rate_factor, static_argnums=1)(jnp.float32(600), 1000)) == (
         pytest.approx(0.4))
+
+
+def test_feed_forward_impala_decays_by_default_and_the_others_do_not():
+    assert ImpalaConfig().learning_rate_schedule == "linear"
+    assert ImpalaConfig(core="lstm").learning_rate_schedule == "constant"
+    assert ImpalaConfig(core="lstm", learning_rate_schedule="linear").learning_rate_schedule == (
+        "linear")
+    assert Config().learning_rate_schedule == "constant"  # PPO's.
 
 
 def test_the_factor_scales_adams_step_as_a_smaller_learning_rate():
@@ -49,8 +58,8 @@ def test_the_factor_scales_adams_step_as_a_smaller_learning_rate():
 PPO_CONFIG = {"batch_size": 8, "unroll_length": 8, "num_minibatches": 2, "hidden_sizes": (16,)}
 
 
-def _population(decay):
-    config = Config(**PPO_CONFIG, learning_rate_decay=decay)
+def _population(schedule):
+    config = Config(**PPO_CONFIG, learning_rate_schedule=schedule)
     return make_population(Builder(config), make_env_factory("gymnax:CartPole-v1"), 0, 10,
                            PopulationSettings(num_seeds=2, updates_per_call=2),
                            total_env_steps=1000)
@@ -59,7 +68,7 @@ def _population(decay):
 def test_anakin_sets_each_members_factor_before_each_update():
     """2 updates of 8 x 8 env steps: the second learns at 1 - 128/1000 of the rate, the
     metrics show the mean of both (0.936 and 0.872); with no decay the factor stays 1."""
-    decayed, constant = _population("linear"), _population("none")
+    decayed, constant = _population("linear"), _population("constant")
     metrics, _ = decayed.step()
     np.testing.assert_allclose(metrics["learning_rate_factor"], [0.904, 0.904], rtol=1e-6)
     # The members' float scalars in the optimizer state: Adam's rate and the factor.
@@ -92,7 +101,7 @@ def _factors(run_dir):
 def test_a_runs_records_show_the_factor_falling_with_its_env_steps(flags, tmp_path):
     """Each record's factor was set at or before the record's env steps (so it is at least
     1 - env_steps / budget), it never rises, and by the end it has fallen with the run."""
-    out = subprocess.run(RUN + flags + ["--learning_rate_decay=linear", "--stop_at_return=none",
+    out = subprocess.run(RUN + flags + ["--learning_rate_schedule=linear", "--stop_at_return=none",
                                         "--log_every_s=0.2", f"--logdir={tmp_path}", "--quiet"],
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr
