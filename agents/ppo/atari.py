@@ -11,9 +11,9 @@ costs, Adam's epsilon 1e-5.
 What neither source shares with Trellis (docs/atari.md): the conv torso is PPO's default (the
 2013 DQN paper's smaller one, not the Nature DQN's of both sources), Sample Factory normalises
 returns, and its Atari run turns V-trace off (`with_vtrace=False`, synchronous): APPO keeps
-V-trace, its reason to exist; Sample Factory's run without it is `--agent=ppo`. As in both, the actor and the critic
-share one torso (`shared_torso`: cleanrl's network, Sample Factory's default
-`actor_critic_share_weights=True`).
+V-trace, its reason to exist; Sample Factory's run without it is `--agent=ppo`. As in both,
+the actor and the critic share one torso (`shared_torso`: cleanrl's network, Sample Factory's
+default `actor_critic_share_weights=True`).
 """
 
 # The settings both sources use.
