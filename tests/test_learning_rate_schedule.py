@@ -17,6 +17,7 @@ from trellis.agents.common import learning_rate_factor, make_optimizer, set_lear
 from trellis.agents.impala import Config as ImpalaConfig
 from trellis.agents.ppo import Builder, Config
 from trellis.builders.experiments.anakin_run import PopulationSettings, make_population
+from trellis.builders.experiments.checkpointing import Checkpointer, CheckpointError
 from trellis.envs import make_env_factory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +29,9 @@ def test_the_factor_falls_linearly_to_zero_over_the_budget():
         1.0, 0.75, pytest.approx(0.001, rel=1e-4), 0.0, 0.0]
     assert float(jax.jit(learning_rate_factor, static_argnums=1)(jnp.float32(600), 1000)) == (
         pytest.approx(0.4))
+    # Counts past int32 (benchmarks/soak.py's budget is 10^12).
+    assert float(learning_rate_factor(3 * 10**11, 10**12)) == pytest.approx(0.7)
+    assert float(learning_rate_factor(5, 10**12)) == 1.0
 
 
 def test_feed_forward_impala_decays_by_default_and_the_others_do_not():
@@ -82,6 +86,33 @@ def test_anakin_sets_each_members_factor_before_each_update():
     assert not all(np.allclose(a, b) for a, b in zip(
         jax.tree.leaves(decayed.state.train.params), jax.tree.leaves(constant.state.train.params),
         strict=True))
+
+
+def test_a_checkpoint_from_before_the_schedule_is_read_with_the_targets_factor(tmp_path):
+    """A state saved by the optimizer as it was (clipping, then Adam, no factor) is read into
+    today's structure: its values, and the factor the target holds."""
+    config = Config(max_grad_norm=100.0)  # No clipping of these gradients.
+    adam = optax.inject_hyperparams(optax.adam, static_args=("b1", "b2", "eps", "eps_root"))
+    before = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                         adam(learning_rate=config.learning_rate, eps=config.adam_eps))
+    params = {"w": jnp.arange(3.0)}
+    grads = {"w": jnp.array([0.5, -1.0, 2.0])}
+    _, old_state = before.update(grads, before.init(params), params)
+    checkpointer = Checkpointer(str(tmp_path))
+    checkpointer.save(100, {"params": params, "opt_state": old_state},
+                      {"env_steps": 100, "learner_steps": 1})
+    checkpointer.close()
+    target = {"params": jax.tree.map(jnp.zeros_like, params),
+              "opt_state": set_learning_rate_factor(make_optimizer(config).init(params), 0.25)}
+    state, progress = Checkpointer(str(tmp_path)).restore(target)
+    assert progress["learner_steps"] == 1
+    np.testing.assert_array_equal(state["params"]["w"], [0.0, 1.0, 2.0])
+    adam_state = state["opt_state"][1]
+    assert int(adam_state.inner_state[0].count) == 1
+    np.testing.assert_allclose(adam_state.inner_state[0].mu["w"], 0.1 * grads["w"], rtol=1e-6)
+    assert float(state["opt_state"][2].factor) == 0.25
+    with pytest.raises(CheckpointError, match="cannot restore"):  # Not any structure, though.
+        Checkpointer(str(tmp_path)).restore({**target, "params": {"v": jnp.zeros(3)}})
 
 
 def _factors(run_dir):

@@ -40,6 +40,8 @@ from trellis.agents.common.training import (
     make_optimizer,
     set_hparams,
     set_learning_rate_factor,
+    with_learning_rate_factor,
+    without_learning_rate_factor,
 )
 
 __all__ = [
@@ -50,4 +52,5 @@ __all__ = [
     "init_target_network_state", "init_training_state", "initial_moments",
     "learning_rate_factor", "lstm_initial_state", "make_optimizer", "make_torso", "reset_where",
     "set_hparams", "set_learning_rate_factor", "unrolls_to_transitions", "update_moments",
+    "with_learning_rate_factor", "without_learning_rate_factor",
 ]

@@ -56,7 +56,8 @@ def learning_rate_factor(env_steps: Any, total_env_steps: int) -> jax.Array:
     `total_env_steps`: 1 at the start, 0 at the budget's end and after it (the IMPALA paper's
     schedule, Espeholt et al., 2018, and cleanrl's PPO). A number or an array, inside jit too.
     """
-    return jnp.clip(1.0 - jnp.asarray(env_steps, jnp.float32) / total_env_steps, 0.0, 1.0)
+    # The budget as a float: as an int, jax takes it as int32, and budgets reach 10^12.
+    return jnp.clip(1.0 - jnp.asarray(env_steps, jnp.float32) / float(total_env_steps), 0.0, 1.0)
 
 
 def _is_factor(node: Any) -> bool:
@@ -70,6 +71,25 @@ def set_learning_rate_factor(state: Any, factor: Any) -> Any:
         lambda node: _LearningRateFactor(jnp.broadcast_to(
             jnp.asarray(factor, jnp.float32), node.factor.shape)) if _is_factor(node) else node,
         state, is_leaf=_is_factor)
+
+
+def _is_scheduled_chain(node: Any) -> bool:
+    return type(node) is tuple and bool(node) and _is_factor(node[-1])
+
+
+def without_learning_rate_factor(state: Any) -> Any:
+    """`state` with its optimizers' chains as they were before the schedule's factor ended
+    them (a158f3b): the structure of the checkpoints written before."""
+    return jax.tree.map(lambda chain: chain[:-1] if _is_scheduled_chain(chain) else chain,
+                        state, is_leaf=_is_scheduled_chain)
+
+
+def with_learning_rate_factor(legacy: Any, target: Any) -> Any:
+    """`target` with the values of `legacy` (shaped as `without_learning_rate_factor(target)`)
+    and its own factors: a state read from a checkpoint written before the schedule."""
+    nodes, structure = jax.tree.flatten(target, is_leaf=_is_factor)
+    values = iter(jax.tree.leaves(legacy))
+    return structure.unflatten([node if _is_factor(node) else next(values) for node in nodes])
 
 
 @flax.struct.dataclass

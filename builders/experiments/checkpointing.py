@@ -18,6 +18,8 @@ from typing import Any
 
 import jax
 
+from trellis.agents.common import with_learning_rate_factor, without_learning_rate_factor
+
 CHECKPOINT_SUBDIR = "checkpoints"
 
 
@@ -89,6 +91,9 @@ class Checkpointer:
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Reads checkpoint `step` (default: the latest) into the structure of `target`.
 
+        A checkpoint written before the learning-rate schedule (a158f3b), whose optimizer
+        states lack its factor, is read too; the factor is then `target`'s.
+
         Args:
           target: a pytree like the saved state (e.g. a freshly built learner's state); the
             restored arrays get its shapes, dtypes and shardings.
@@ -100,6 +105,21 @@ class Checkpointer:
         Raises:
           CheckpointError: no such checkpoint, or it cannot be read into `target`.
         """
+        try:
+            return self._restore(target, step)
+        except CheckpointError:
+            legacy = without_learning_rate_factor(target)
+            if jax.tree.structure(legacy) == jax.tree.structure(target):
+                raise
+            try:
+                state, progress = self._restore(legacy, step)
+            except CheckpointError:
+                pass
+            else:
+                return with_learning_rate_factor(state, target), progress
+            raise  # The error for `target`'s own structure.
+
+    def _restore(self, target: Any, step: int | None) -> tuple[Any, dict[str, Any]]:
         ocp = _ocp()
         step = self._manager.latest_step() if step is None else step
         path = os.path.join(self.directory, str(step))
