@@ -9,11 +9,11 @@ from trellis.builders.contract.config import AgentConfig, setting
 # The defaults that depend on the core; a field left at None takes its core's value here.
 # Feed-forward: CartPole-v1 fast on a 2-core machine, and a solved policy that holds: at a
 # constant 4e-3 it collapsed within 1M env steps in 5 of 12 runs, decayed linearly over the 1M
-# in none (agents/impala/README.md). The LSTM keeps a constant rate: it solves CartPoleNoVel-v1
-# after 0.6-1.4M of run.py's 2M env steps, where the schedule would have halved its rate.
-# LSTM: CartPoleNoVel-v1, where the core infers velocities from successive positions, which it
-# sees only when they are normalized (their step-to-step change is ~0.01 raw); it also wants a
-# slower learning rate and a narrower torso (the sweep in agents/impala/README.md). Pixels: the
+# in none (agents/impala/README.md). LSTM: CartPoleNoVel-v1, where the core infers velocities
+# from successive positions, which it sees only when they are normalized (their step-to-step
+# change is ~0.01 raw); it also wants a slower learning rate and a narrower torso (the sweep in
+# agents/impala/README.md), kept constant: it solves after 0.6-1.4M of run.py's 2M env steps,
+# where the schedule would have halved its rate. Pixels: the
 # feed-forward agent keeps the DQN paper's small conv torso (fast on CPUs), the recurrent one
 # the IMPALA paper's.
 CORE_DEFAULTS = {
