@@ -6,7 +6,8 @@ Usage: python benchmarks/alphazero.py --game=GAME --minutes=M [--games=100] [--s
 
 `launch/run.py --agent=alphazero --platform=anakin --env=pgx:GAME` is started as a user starts
 it and stopped with Ctrl-C (SIGINT: a final checkpoint) M minutes after its launch, imports and
-compilation included (or at its first metrics record, if its start-up took longer); the
+compilation included (or at its first metrics record, if its start-up took longer), or ends
+first at its env-step budget where `--total_env_steps` gives one it reaches; the
 checkpoint's search then plays `--games` games against each baseline of
 agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations, minimax on
 tic-tac-toe), half of them moving first; against minimax it also follows every line of
@@ -43,7 +44,9 @@ RUN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 def train(game: str, minutes: float, run_dir: str, flags: list[str]) -> dict:
-    """run.py for `minutes` from its launch, then SIGINT; its summary.json."""
+    """run.py until its budget or for `minutes` from its launch, then SIGINT; its
+    summary.json."""
+    # No budget but the time unless `flags` give one: the last of a flag counts.
     command = [sys.executable, RUN_PY, "--agent=alphazero", "--platform=anakin",
                f"--env=pgx:{game}", f"--logdir={run_dir}", "--quiet",
                "--total_env_steps=1000000000", *flags]

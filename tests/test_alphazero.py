@@ -291,19 +291,24 @@ def test_games_are_for_self_play_agents_only():
                     make_env_factory("pgx:connect_four"))
 
 
-# The tic-tac-toe settings docs/alphazero.md reports (benchmarks/alphazero.py passes them on).
+# The tic-tac-toe settings docs/alphazero.md reports (benchmarks/alphazero.py passes them on):
+# the rate falls to 0 at a budget of 1.5M moves, which a 2-core machine reaches in about 6
+# minutes, so the run stops on the params the schedule settled, not wherever 10 minutes land.
 TIC_TAC_TOE_FLAGS = ["--search_policy=gumbel", "--num_simulations=64", "--unroll_length=9",
-                     "--replay_size=1000000", "--eval_every_updates=0"]
+                     "--replay_size=1000000", "--eval_every_updates=0",
+                     "--total_env_steps=1500000", "--learning_rate_schedule=linear"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_tic_tac_toe_loses_no_game_to_minimax_after_10_minutes():
+def test_tic_tac_toe_loses_no_game_to_minimax_within_10_minutes():
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "alphazero.py"), "--game=tic_tac_toe",
          "--minutes=10", "--games=100", "--baselines=minimax", *TIC_TAC_TOE_FLAGS],
         capture_output=True, text=True, timeout=1500, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["vs_minimax"]["loss"] == 0.0, result
-    assert result["minimax_lines"]["lost"] == 0, result  # Not on any line minimax allows.
+    # Where the run stopped, in the message (pytest would cut the whole result short).
+    seen = json.dumps({k: result[k] for k in ("train", "vs_minimax", "minimax_lines")})
+    assert result["vs_minimax"]["loss"] == 0.0, seen
+    assert result["minimax_lines"]["lost"] == 0, seen  # On no line minimax allows.
