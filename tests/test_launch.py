@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -124,6 +125,30 @@ def test_client_gives_up_with_a_clear_error():
     assert time.monotonic() - start < 5
     with pytest.raises(RuntimeError, match="launch the program first"):
         runtime.Program("p").add_node(runtime.CourierNode(nodes.Echo)).dereference()
+
+
+def test_a_client_waiting_for_a_node_tries_again_every_50_ms_at_most(monkeypatch):
+    """Env workers wait for a learner still being built: each connects at its next try after
+    the learner serves, so the wait between tries is start-up for every launch."""
+    waits = []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(rpc, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    sock = rpc.reserve_port()  # Bound, not listening: connections are refused until it serves.
+    address = rpc.TcpAddress("127.0.0.1", sock.getsockname()[1], b"secret")
+    servers = []
+    later = threading.Timer(1.0, lambda: servers.append(
+        rpc.TcpServer(nodes.Echo(), "echo", address, sock)))
+    later.start()
+    try:
+        assert rpc.connect("echo", address).add(2, 3) == 5
+    finally:
+        later.join()
+        servers[0].close()
+    assert sum(waits) >= 0.9 and max(waits) == pytest.approx(0.05)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
