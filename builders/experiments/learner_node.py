@@ -367,12 +367,16 @@ class LearnerNode:
             if reason is not None:
                 runtime.request_stop(reason, info=self._stats(final))
         finally:
-            self._inference.join(timeout=5.0)
-            self._prefetch.join(timeout_s=5.0)
-            self._compiled.join()  # Its programs reach the compilation cache.
-            self._feed.close()
-            if self._checkpointer is not None:
-                self._checkpointer.close()
+            try:
+                self._inference.join(timeout=5.0)
+                self._prefetch.join(timeout_s=5.0)
+                self._compiled.join()  # Its programs reach the compilation cache.
+                self._feed.close()
+            finally:
+                # Also when a join or the feed's close fails: the last save finishes before the
+                # process exits, or the run loses its final checkpoint.
+                if self._checkpointer is not None:
+                    self._checkpointer.close()
 
     def _train(self) -> str | None:
         """Learner updates until the stop rule gives its reason, or None if stopped outside."""
