@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -169,3 +170,62 @@ def test_checkpoints_keep_zero_size_arrays(tmp_path):
     np.testing.assert_array_equal(restored["params"], state["params"])
     assert int(restored["nested"]["step"]) == 7
     assert restored["act"].shape == (4, 0) and restored["nested"]["empty"].dtype == jnp.int32
+
+
+def test_a_checkpoint_that_does_not_fit_the_target_is_refused_naming_the_array(tmp_path):
+    """Before orbax reads an array: its own error names none, and the restore it fails leaves
+    callbacks that print tracebacks at exit."""
+    state = {"params": {"w": jnp.ones((4, 64)), "b": jnp.ones(64)}, "key": jax.random.key(0)}
+    checkpointer = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+    assert checkpointer.save(10, state, {"env_steps": 10})
+    checkpointer.close()
+    reader = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+    restored, _ = reader.restore(jax.tree.map(jnp.zeros_like, state))  # A typed key fits.
+    assert jax.random.key_data(restored["key"]).tolist() == jax.random.key_data(
+        state["key"]).tolist()
+    narrower = {"params": {"w": jnp.ones((4, 32)), "b": jnp.ones(32)}, "key": state["key"]}
+    with pytest.raises(checkpointing.CheckpointError, match=(
+            r"checkpoint .*/checkpoints/10 does not fit the state this run's settings make: "
+            r"params/b is \(64,\) there and \(32,\) here \(1 other array too\); resume with")):
+        reader.restore(narrower)
+    deeper = {**state, "params": {**state["params"], "v": jnp.ones(3)}}
+    with pytest.raises(checkpointing.CheckpointError,
+                       match=r"this run's state has params/v \(3,\), which it does not hold;"):
+        reader.restore(deeper)
+    with pytest.raises(checkpointing.CheckpointError, match="no checkpoint to restore"):
+        reader.restore(state, step=20)
+
+
+@pytest.mark.parametrize(
+    "flags", [("--platform=local_mp",),
+              ("--agent=ppo", "--platform=anakin", "--env=gymnax:CartPole-v1")],
+    ids=["local_mp", "anakin"])
+def test_a_resume_whose_settings_do_not_fit_the_checkpoint_fails_in_one_line_and_keeps_the_run(
+        tmp_path, flags):
+    """A program graph's learner restores in its node, anakin in the launcher: both refuse in
+    run.py's one line before config.json takes the session's settings, so the run resumes
+    with its own afterwards."""
+    run_dir = str(tmp_path / "run")
+    made = subprocess.run(RUN + [*flags, "--total_env_steps=3000", "--stop_at_return=none",
+                                 "--eval_every=0", f"--logdir={run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    config = open(os.path.join(run_dir, "config.json")).read()
+    wider = json.loads(config)["agent_config"]["hidden_sizes"][0] * 2
+    refused = subprocess.run(RUN + [f"--resume={run_dir}", f"--hidden_sizes={wider}",
+                                    "--total_env_steps=6000"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    line = re.fullmatch(
+        r"run\.py: error: --resume: checkpoint \S+ does not fit the state this run's settings "
+        r"make: \S+/kernel is \(([\d, ]+)\) there and \(([\d, ]+)\) here \(\d+ other arrays "
+        r"too\); resume with the settings the run was made with \(its config.json holds them; "
+        r"flags given with --resume override them\)\n", refused.stderr)
+    assert line, refused.stderr
+    there, here = (shape.split(", ") for shape in line.groups())
+    assert str(wider) in here and str(wider) not in there
+    assert open(os.path.join(run_dir, "config.json")).read() == config
+    resumed = subprocess.run(RUN + [f"--resume={run_dir}", "--total_env_steps=6000"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["stopped_by"] == "budget"

@@ -103,28 +103,19 @@ class Checkpointer:
           (state, progress).
 
         Raises:
-          CheckpointError: no such checkpoint, or it cannot be read into `target`.
+          CheckpointError: no such checkpoint, its arrays do not fit `target` (the message
+            names the first that does not), or it cannot be read.
         """
-        try:
-            return self._restore(target, step)
-        except CheckpointError:
-            legacy = without_learning_rate_factor(target)
-            if jax.tree.structure(legacy) == jax.tree.structure(target):
-                raise
-            try:
-                state, progress = self._restore(legacy, step)
-            except CheckpointError:
-                pass
-            else:
-                return with_learning_rate_factor(state, target), progress
-            raise  # The error for `target`'s own structure.
-
-    def _restore(self, target: Any, step: int | None) -> tuple[Any, dict[str, Any]]:
-        ocp = _ocp()
         step = self._manager.latest_step() if step is None else step
+        fitting = _fitting(self.directory, step, target)
+        state, progress = self._restore(fitting, step)
+        if fitting is not target:
+            state = with_learning_rate_factor(state, target)
+        return state, progress
+
+    def _restore(self, target: Any, step: int) -> tuple[Any, dict[str, Any]]:
+        ocp = _ocp()
         path = os.path.join(self.directory, str(step))
-        if step is None or not os.path.isdir(path):
-            raise CheckpointError(f"no checkpoint to restore in {self.directory}")
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(_without_empty(target)),
             progress=ocp.args.JsonRestore(),
@@ -179,6 +170,86 @@ def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:
         if not isinstance(progress.get(name), int):
             raise CheckpointError(f"checkpoint {path}: progress has no integer {name!r}")
     return step, progress
+
+
+def check_resumable(run_dir: str, step: int, target: Any) -> None:
+    """Checks that checkpoint `step` of `run_dir` fits `target` (a pytree of arrays or of
+    `jax.ShapeDtypeStruct`s: what `Checkpointer.restore` will be given), reading only its
+    metadata: for the launcher, before it starts the nodes that restore it.
+
+    Raises:
+      CheckpointError: it does not fit (the message names the first array that does not), or
+        it cannot be read.
+    """
+    _fitting(checkpoint_dir(run_dir), step, target)
+
+
+def _fitting(directory: str, step: int | None, target: Any) -> Any:
+    """`target`, or its form from before the learning-rate schedule, whichever checkpoint
+    `step`'s arrays fit, by their metadata: orbax's own error for a misfit names no array, and
+    the restore it fails leaves callbacks that print a screenful of tracebacks at exit.
+
+    Raises:
+      CheckpointError: neither fits, or there is no such checkpoint.
+    """
+    path = os.path.join(directory, str(step))
+    if step is None or not os.path.isdir(path):
+        raise CheckpointError(f"no checkpoint to restore in {directory}")
+    ocp = _ocp()
+    # A reader of its own: the handlers that reading metadata needs, given to a manager that
+    # saves, left its last asynchronous save unfinished at close.
+    manager = ocp.CheckpointManager(directory, item_handlers={
+        "state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()})
+    try:
+        saved = _shapes(manager.item_metadata(step)["state"])
+    except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
+        raise CheckpointError(f"cannot read checkpoint {path}: {_one_line(e)}") from e
+    finally:
+        manager.close()
+    wanted = _shapes(target)
+    if saved == wanted:
+        return target
+    legacy = without_learning_rate_factor(target)
+    if jax.tree.structure(legacy) != jax.tree.structure(target) and saved == _shapes(legacy):
+        return legacy
+    raise CheckpointError(
+        f"checkpoint {path} does not fit the state this run's settings make: "
+        f"{_misfit(saved, wanted)}; resume with the settings the run was made with (its "
+        f"config.json holds them; flags given with --resume override them)")
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{path: shape} of the arrays a checkpoint of `tree` holds (zero-size ones are not
+    saved), the path's keys by name or index, whatever kind of node holds them (a saved
+    dataclass or named tuple is read back as a dict)."""
+    def name(key: Any) -> str:
+        return str(next(getattr(key, a) for a in ("key", "name", "idx") if hasattr(key, a)))
+
+    def shape(leaf: Any) -> tuple[int, ...]:  # A typed PRNG key is saved as its key data.
+        if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+            return tuple(jax.eval_shape(jax.random.key_data, leaf).shape)
+        return tuple(leaf.shape)
+
+    return {"/".join(name(k) for k in path): shape(leaf)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(_without_empty(tree))}
+
+
+def _misfit(saved: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]) -> str:
+    """The first array that differs (a shape before a missing array, the params' before their
+    optimizer state's), and how many others do."""
+    differ = sorted((path for path in saved.keys() | wanted.keys()
+                     if saved.get(path) != wanted.get(path)),
+                    key=lambda path: (path not in saved or path not in wanted,
+                                      "opt_state" in path, path))
+    path = differ[0]
+    if path not in wanted:
+        first = f"it holds {path} {saved[path]}, which this run's state has not"
+    elif path not in saved:
+        first = f"this run's state has {path} {wanted[path]}, which it does not hold"
+    else:
+        first = f"{path} is {saved[path]} there and {wanted[path]} here"
+    others = len(differ) - 1
+    return first + (f" ({others} other array{'s' * (others > 1)} too)" if others else "")
 
 
 def _empty(x: Any) -> bool:

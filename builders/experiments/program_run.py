@@ -13,9 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from trellis.builders.contract.agent import Builder
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.builders.experiments.checkpointing import Checkpoints, checkpoint_dir
+from trellis.builders.experiments.checkpointing import (
+    Checkpoints,
+    check_resumable,
+    checkpoint_dir,
+)
 from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import HostPlatform
 from trellis.builders.experiments.program import make_program
@@ -36,11 +42,21 @@ class ProgramRun:
       make: builds the program graph, with `make_program`'s arguments (another kind of
         agent's graph, e.g. evolution strategies' `es_node.make_es_program`); its "learner"
         group's node answers `stats()` and `checkpoint()`.
+
+    Raises:
+      CheckpointError: `resume_step`'s checkpoint does not fit the state the builder's
+        `make_training(...).init` makes (the learner node's).
     """
 
     def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
                  run_dir: str, platform: HostPlatform, stop_rule: StopRule,
                  resume_step: int | None, make: Callable[..., runtime.Program] = make_program):
+        if resume_step is not None:
+            # Here, before any node starts: a misfit is then the launcher's one-line error.
+            spec = env_factory.spec()
+            init = builder.make_training(builder.make_networks(spec), spec).init
+            check_resumable(run_dir, resume_step,
+                            jax.eval_shape(init, jax.random.PRNGKey(config.seed)))
         name = getattr(env_factory, "env_id", "env")
         self._program = make(
             builder, env_factory, config, name=f"{type(builder).__name__}-{name}",

@@ -363,12 +363,14 @@ def run_experiment(
     resume_from = latest_checkpoint(run_dir) if resume else None  # Errors before anything.
     resume_progress = resume_from[1] if resume_from else None
     options = options or {"env": getattr(env_factory, "env_id", repr(env_factory))}
-    _write_config(run_dir, builder, config, options, argv,
-                  None if resume_progress is None else resume_progress["env_steps"])
     session = Session(config, run_dir, quiet=quiet, resume_progress=resume_progress,
                       extra_metrics=extra_metrics, on_stats=on_stats)
     execution = EXECUTIONS[builder.capabilities.learns_from](
         builder, env_factory, config, run_dir, settings, resume_from, quiet)
+    # Once the execution has its state (an in-process one restored it, a program graph checked
+    # the checkpoint fits): a resume that cannot go on keeps the run's settings, not its own.
+    _write_config(run_dir, builder, config, options, argv,
+                  None if resume_progress is None else resume_progress["env_steps"])
     summary = session.run(execution, agent=options.get("agent", type(builder).__name__),
                           platform=name, env=getattr(env_factory, "env_id", "env"))
     return finish_run_dir(run_dir, summary.as_json())

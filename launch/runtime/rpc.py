@@ -49,10 +49,11 @@ _MAGIC = b"TRELLIS-RPC-1"
 _NONCE_BYTES = 32
 _HEADER = struct.Struct("!Q")
 _HANDSHAKE_TIMEOUT_S = 10.0
-# The longest wait between a client's tries to reach a node that does not listen yet: its env
-# workers are up before a learner is built, and each connects at its first try after the
-# learner serves, so this is start-up added to every launch (at 0.5 s, 32 workers' first
-# requests came 0.26 s into the learner's run; at 0.05 s, 0.06 s). A refused local connect costs microseconds.
+# The longest wait between a client's tries to reach a node that does not listen yet: env
+# workers are up before their learner is built, and each connects at its first try after
+# the learner serves, so this is start-up added to every launch (at 0.5 s, 32 workers'
+# first requests came 0.26 s into the learner's run; at 0.05 s, 0.06 s). A refused local
+# connect costs microseconds.
 _CONNECT_RETRY_MAX_S = 0.05
 # How long a closing server waits for calls in progress (a node process exits after it).
 _CLOSE_TIMEOUT_S = 5.0
