@@ -196,8 +196,8 @@ def _fitting(directory: str, step: int | None, target: Any) -> Any:
     if step is None or not os.path.isdir(path):
         raise CheckpointError(f"no checkpoint to restore in {directory}")
     ocp = _ocp()
-    # A reader of its own: the handlers that reading metadata needs, given to a manager that
-    # saves, left its last asynchronous save unfinished at close.
+    # A reader of its own, with the handlers that reading metadata needs: the launcher's check
+    # has no Checkpointer, and the one that saves keeps orbax's defaults.
     manager = ocp.CheckpointManager(directory, item_handlers={
         "state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()})
     try:
