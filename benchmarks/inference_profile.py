@@ -123,11 +123,14 @@ def main() -> None:
         server.join(30)
     batches, requests = counts["_serve_batch"], counts["record"]
     host = totals["_serve_batch"] - totals["_act_on"] - totals["record"]
-    ideal = args.workers * args.envs_per_worker / (args.sleep_ms / 1000)
+    # Every env sleeping its step's time and nothing else; sleep:0 has no such bound.
+    ideal = (args.workers * args.envs_per_worker / (args.sleep_ms / 1000) if args.sleep_ms
+             else None)
     result = {
         "workers": args.workers, "envs_per_worker": args.envs_per_worker,
         "sleep_ms": args.sleep_ms, "seconds": elapsed,
-        "env_steps_per_s": stepped / elapsed, "of_ideal": stepped / elapsed / ideal,
+        "env_steps_per_s": stepped / elapsed,
+        "of_ideal": stepped / elapsed / ideal if ideal else None,
         "batches": batches, "requests_per_batch": requests / batches,
         "wait_ms_per_batch": 1e3 * totals["_gather"] / batches,
         "policy_ms_per_batch": 1e3 * totals["_act_on"] / batches,
@@ -135,8 +138,9 @@ def main() -> None:
         "host_us_per_request": 1e6 * host / requests,
         "host_ms_per_batch": 1e3 * host / batches,
     }
+    of_ideal = f" ({result['of_ideal']:.2f} of ideal)" if ideal else ""
     print(f"{args.workers} workers x {args.envs_per_worker} envs, {env_id}, {elapsed:.1f} s: "
-          f"{result['env_steps_per_s']:,.0f} env steps/s ({result['of_ideal']:.2f} of ideal), "
+          f"{result['env_steps_per_s']:,.0f} env steps/s{of_ideal}, "
           f"{batches:,} batches of {result['requests_per_batch']:.1f} requests")
     print(f"  per batch: wait {result['wait_ms_per_batch']:.2f} ms, policy "
           f"{result['policy_ms_per_batch']:.2f} ms, host {result['host_ms_per_batch']:.2f} ms")
