@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -150,6 +151,26 @@ def _program_of(groups: dict[str, dict[str, float]]) -> runtime.Program:
         with program.group(label, resources=resources):
             program.add_node(runtime.CourierNode(nodes.Echo))
     return program
+
+
+def test_an_actor_holds_a_port_only_for_a_node_that_serves_rpcs(monkeypatch):
+    """A node's port is bound from its placement to its serving, so that no other process
+    takes it meanwhile; env workers and other client-only nodes need none."""
+    import types
+
+    fake_ray = types.SimpleNamespace(
+        util=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"),
+        get_runtime_context=lambda: types.SimpleNamespace(get_node_id=lambda: "node-1"))
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    client = ray_platform._NodeActor()
+    assert client.place(reserve_port=False) == ("127.0.0.1", None, "node-1")
+    server = ray_platform._NodeActor()
+    host, port, _ = server.place(reserve_port=True)
+    try:
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind((host, port))  # Held until the node's server takes it.
+    finally:
+        server._sock.close()
 
 
 def test_nodes_asking_for_a_gpu_or_a_custom_resource_are_placed_first():

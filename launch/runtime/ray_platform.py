@@ -3,8 +3,8 @@
 Ray places the nodes (by the resources their groups ask for), starts and kills their processes;
 nodes still call each other over the program's authenticated TCP RPC (launch/runtime/rpc.py), so
 clients keep exactly the sync and `.futures` semantics of `local_mp`. Each actor first reports
-the IP of the Ray node it landed on and a free port there, which it keeps bound until its node
-serves: that becomes the node's address, which handles carry. On a cluster of several Ray
+the IP of the Ray node it landed on and, for a node that serves RPCs, a free port there, which
+it keeps bound until its node serves: that becomes the node's address, which handles carry. On a cluster of several Ray
 nodes, the nodes that ask for a GPU or a custom resource are placed first, before any CPU-only
 node asks for room (see `_placement_waves`). Then its `run_node` call runs the node; the
 launcher long-polls each actor for its `Status` messages, and a failed `run_node` call (the
@@ -61,13 +61,17 @@ class _NodeActor:
         self._statuses: queue.SimpleQueue[Status] = queue.SimpleQueue()
         self._sock: socket.socket | None = None
 
-    def place(self) -> tuple[str, int, str]:
-        """(IP of this Ray node, a port bound there for the node, Ray node id)."""
+    def place(self, reserve_port: bool) -> tuple[str, int | None, str]:
+        """(IP of this Ray node, a port bound there for the node if `reserve_port`, Ray node
+        id)."""
         import ray
 
         host = ray.util.get_node_ip_address()
-        self._sock = rpc.reserve_port(host)
-        return host, self._sock.getsockname()[1], ray.get_runtime_context().get_node_id()
+        port = None
+        if reserve_port:
+            self._sock = rpc.reserve_port(host)
+            port = self._sock.getsockname()[1]
+        return host, port, ray.get_runtime_context().get_node_id()
 
     def run_node(self, label: str, address: rpc.TcpAddress | None, payload: bytes,
                  restarts: int, nice: int) -> bool:
@@ -78,9 +82,6 @@ class _NodeActor:
         context = NodeContext(label, self._stop, self._statuses.put, restarts)
         # A restarted node's actor was not placed: its server binds the port again.
         sock, self._sock = self._sock, None
-        if address is None and sock is not None:
-            sock.close()
-            sock = None
         return program_lib.execute_in_process(payload, context, address, sock)
 
     def statuses(self, timeout_s: float) -> list[Status]:
@@ -171,7 +172,8 @@ class Backend:
         for node in nodes:
             self._run(node, restarts=0)
 
-    def _place(self, nodes: list[program_lib.Node]) -> dict[str, tuple[str, int, str]]:
+    def _place(self, nodes: list[program_lib.Node]
+               ) -> dict[str, tuple[str, int | None, str]]:
         """Starts an actor for each of `nodes`; label -> its `place()` once all have answered.
 
         Raises:
@@ -179,7 +181,8 @@ class Backend:
         """
         for node in nodes:  # Recorded at once, so that a failed start still kills them.
             self._actors[node.label] = _Actor(node.label, self._new_actor(node), "")
-        refs = {self._actors[node.label].handle.place.remote(): node for node in nodes}
+        refs = {self._actors[node.label].handle.place.remote(node.serves_rpcs): node
+                for node in nodes}
         _, waiting = self._ray.wait(list(refs), num_returns=len(refs), timeout=_PLACE_TIMEOUT_S)
         if waiting:
             asked = "; ".join(f"{refs[ref].label} {refs[ref].resources or {'CPU': 1}}"
