@@ -4,11 +4,11 @@ Ray places the nodes (by the resources their groups ask for), starts and kills t
 nodes still call each other over the program's authenticated TCP RPC (launch/runtime/rpc.py), so
 clients keep exactly the sync and `.futures` semantics of `local_mp`. Each actor first reports
 the IP of the Ray node it landed on and, for a node that serves RPCs, a free port there, which
-it keeps bound until its node serves: that becomes the node's address, which handles carry. On a cluster of several Ray
-nodes, the nodes that ask for a GPU or a custom resource are placed first, before any CPU-only
-node asks for room (see `_placement_waves`). Then its `run_node` call runs the node; the
-launcher long-polls each actor for its `Status` messages, and a failed `run_node` call (the
-actor's process died) is the node's error.
+it keeps bound until its node serves: that becomes the node's address, which handles carry.
+On a cluster of several Ray nodes, the nodes that ask for a GPU or a custom resource are placed
+first, before any CPU-only node asks for room (see `_placement_waves`). Then its `run_node`
+call runs the node; the launcher long-polls each actor for its `Status` messages, and a failed
+`run_node` call (the actor's process died) is the node's error.
 
 A restarted node gets a new actor pinned to the same Ray node and port, so its clients' address
 stays valid. Ray is imported only when this platform is used.
