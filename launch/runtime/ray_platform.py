@@ -166,7 +166,7 @@ class Backend:
             places.update(self._place(wave))
         for node in nodes:
             host, port, ray_node_id = places[node.label]
-            node.address = rpc.TcpAddress(host, port, secret) if node.serves_rpcs else None
+            node.address = rpc.TcpAddress(host, port, secret) if port is not None else None
             self._actors[node.label].ray_node_id = ray_node_id
         self._payloads = {node.label: program_lib.pickle_node(node) for node in nodes}
         for node in nodes:
