@@ -7,7 +7,12 @@
 #   scaling   full IMPALA on CartPole, 1 and 14 workers: >= 6x.
 #   cartpole  run.py's default run to 450 with 14 and with 2 workers, alternated over three
 #             seeds: 14 workers faster in wall time.
-# Usage: benchmarks/big_machine.sh [pong] [scaling] [cartpole]   (all three when none is named)
+#   startup   not a check: Pong's cold start (and then its steady rate) with run.py's XLA_FLAGS
+#             and with XLA's Triton matmuls off (cuBLAS's instead, which XLA does not autotune
+#             per tile), each with a compilation cache of its own: what of the cold start's
+#             compiles is the autotuning of matmuls.
+# Usage: benchmarks/big_machine.sh [pong] [scaling] [cartpole] [startup]
+#        (pong, scaling and cartpole when none is named)
 # PYTHON picks the interpreter (default: python3); PONG_BUDGET_S the Pong run's budget (default
 # 900, the check's 15 minutes). Each benchmark's output goes to the terminal and to
 # $OUT/<part>.log ($OUT: default /tmp/big_machine).
@@ -19,8 +24,9 @@ mkdir -p "$out"
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(pong scaling cartpole)
 for part in "${parts[@]}"; do
-  case $part in pong|scaling|cartpole) ;;
-    *) echo "unknown part $part: expected pong, scaling or cartpole" >&2; exit 2 ;; esac
+  case $part in pong|scaling|cartpole|startup) ;;
+    *) echo "unknown part $part: expected pong, scaling, cartpole or startup" >&2; exit 2 ;;
+  esac
 done
 # Pong's runs keep their directories, and so their compilation cache, here: the first is cold.
 scratch=$(mktemp -d)
@@ -46,6 +52,13 @@ for part in "${parts[@]}"; do
           "$py" benchmarks/time_to_solve.py --platforms=local_mp --seeds="$seed" -- \
             --num_actors="$workers"
         done
+      done ;;
+    startup)
+      for flags in "" "--xla_gpu_enable_triton_gemm=false"; do
+        echo "-- XLA_FLAGS=$flags"
+        mkdir -p "$scratch/startup"
+        XLA_FLAGS=$flags "$py" benchmarks/atari.py --num_actors=14 --budget_s=45 --curve_s=30 \
+          --logdir="$(mktemp -d -p "$scratch/startup")/run"
       done ;;
   esac 2>&1 | tee "$out/$part.log"
 done
