@@ -8,7 +8,11 @@ import jax
 import numpy as np
 import pytest
 
+from trellis.agents.common import DataParallelLearner
+from trellis.agents.dqn import DQNBuilder, DQNConfig
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+from trellis.agents.r2d2 import R2D2Builder, R2D2Config
+from trellis.agents.sac import SACBuilder, SACConfig
 from trellis.builders.contract.agent import QueueSpec
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import (
@@ -41,6 +45,7 @@ STATS_KEYS = {
 }
 PROGRESS_KEYS = {"env_steps", "learner_steps", "episodes", "returns", "lengths", "elapsed_s",
                  "resumes"}
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # JAX's event per XLA compile.
 
 
 def _run(config, checkpoints):
@@ -85,6 +90,61 @@ def test_budget_stop_reports_every_stat_and_checkpoints_the_same_counts(tmp_path
     assert resumed["learner_steps"] > progress["learner_steps"]
     assert resumed["episodes"] > progress["episodes"]
     assert resumed["elapsed_s"] > progress["elapsed_s"]
+
+
+class _CompilesInUpdates:
+    """Counts XLA's backend compiles made inside `DataParallelLearner.step` (the learner's
+    update call), on any thread, while installed."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        self.steps = 0
+        inside = threading.local()
+        step = DataParallelLearner.step
+
+        def counted_step(learner, batch):
+            inside.on = True
+            try:
+                return step(learner, batch)
+            finally:
+                inside.on = False
+                self.steps += 1
+
+        def listen(event, duration_s, **kwargs):
+            if event == BACKEND_COMPILE and getattr(inside, "on", False):
+                self.count += 1
+
+        monkeypatch.setattr(DataParallelLearner, "step", counted_step)
+        jax.monitoring.register_event_duration_secs_listener(listen)
+
+
+@pytest.mark.parametrize("builder, env_id", [
+    (ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=10)), "CartPole-v1"),
+    (DQNBuilder(DQNConfig(min_replay_size=200, updates_per_step=2, sample_batch_size=32)),
+     "CartPole-v1"),
+    (SACBuilder(SACConfig(min_replay_size=200, updates_per_step=2, sample_batch_size=32)),
+     "Pendulum-v1"),
+    (R2D2Builder(R2D2Config(burn_in=2, trace_length=4, unroll_length=4, batch_size=8,
+                            min_replay_size=16, replay_size=256)), "CartPole-v1"),
+], ids=["impala", "dqn", "sac", "r2d2"])
+def test_the_learners_first_update_is_compiled_before_its_batch_comes(builder, env_id,
+                                                                      monkeypatch):
+    """The learner node compiles the update beside the start (`_Compiling`), also where it
+    takes other batches than the unrolls (a replay learner's sampled minibatches, R2D2's
+    sampled sequences): no update waits for its compile, and the stop rule is not kept
+    waiting by one."""
+    compiles = _CompilesInUpdates(monkeypatch)
+    config = ExperimentConfig(num_actors=1, envs_per_actor=8, total_env_steps=4_000,
+                              log_every_s=0.1, eval_every=0)
+    program = make_program(builder, EnvFactory(env_id), config, name="compile_ahead")
+    running = runtime.launch(program, platform="local_mt", block=False)
+    try:
+        result = running.wait(timeout=120)
+    finally:
+        running.stop()
+    assert result is not None and result.reason == "budget", result
+    assert result.info["learner_steps"] > 0 and compiles.steps > 0
+    assert compiles.count == 0, f"{compiles.count} compiles in {compiles.steps} updates"
 
 
 def chunk(first_column, columns, t=3):

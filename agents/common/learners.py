@@ -175,7 +175,11 @@ class ReplayLearner(DataParallelLearner):
         return dict(batch)
 
     def compile(self, batch: Mapping[str, Any]) -> None:
-        """Nothing ahead: the update takes sampled minibatches, compiled at the first."""
+        """Compiles the update for the minibatches it samples, whatever the unrolls' shapes
+        (`batch`), so the first update after the table fills does not wait for it."""
+        del batch
+        c = self._config
+        super().compile(self.replay.sample_shapes(c.updates_per_step, c.sample_batch_size))
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """Inserts the unrolls' transitions, then learns once the table is large enough.

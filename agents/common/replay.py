@@ -127,6 +127,15 @@ class TransitionReplay:
             self.table.insert({k: v[i] for k, v in transitions.items()}, priority)
         return len(self.table)
 
+    def sample_shapes(self, num_batches: int, batch_size: int
+                      ) -> dict[str, jax.ShapeDtypeStruct]:
+        """The shapes and dtypes of `sample`'s minibatches (for compiling ahead)."""
+        shapes = {k: jax.ShapeDtypeStruct((num_batches, batch_size) + spec.shape, spec.dtype)
+                  for k, spec in self._signature.items()}
+        for name in ("probability", "table_size"):
+            shapes[name] = jax.ShapeDtypeStruct((num_batches, batch_size), np.float32)
+        return shapes
+
     def sample(self, num_batches: int, batch_size: int) -> tuple[dict[str, np.ndarray],
                                                                  np.ndarray]:
         """`num_batches` minibatches of `batch_size` items in one draw.

@@ -137,7 +137,9 @@ class Learner(DataParallelLearner):
         return dict(batch)
 
     def compile(self, batch: Mapping[str, Any]) -> None:
-        """Nothing ahead: the update takes sampled sequences, compiled at the first."""
+        """Compiles the update for sampled sequences shaped as `batch` (`REPLAY_KEY` stays on
+        the host)."""
+        super().compile({k: v for k, v in batch.items() if k != REPLAY_KEY})
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict:
         """Learns from sampled sequences and writes their new priorities back.

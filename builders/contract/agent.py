@@ -193,8 +193,9 @@ class Learner(Protocol):
 
     def compile(self, batch: Mapping[str, Any]) -> None:
         """Compiles the update for batches shaped as `batch` (a tree of
-        `jax.ShapeDtypeStruct`) before one comes; nothing for a learner whose update does not
-        take the unroll batches as they are."""
+        `jax.ShapeDtypeStruct`: the feed's unrolls, or the items sampled from the builder's
+        replay table) before one comes; a learner whose update takes batches of its own
+        making (minibatches it samples from its own table) compiles for those."""
         ...
 
     @property

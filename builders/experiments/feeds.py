@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from trellis.builders.contract.agent import (
@@ -309,6 +310,15 @@ class ReplayFeed:
             if not self._stop.is_set():
                 raise
             # Stopping: what the rate limiter still held back is given up, as `put` does.
+
+    @staticmethod
+    def batch_shapes(items: dict[str, jax.ShapeDtypeStruct]) -> dict[str, jax.ShapeDtypeStruct]:
+        """What `next_batch` gives for sampled items shaped as `items` (time-major, [T + 1, B,
+        ...]): the same, with the keys and sampling fields."""
+        b = items["first"].shape[1]
+        return {**items, REPLAY_KEY: jax.ShapeDtypeStruct((b,), np.uint64),
+                REPLAY_PROBABILITY: jax.ShapeDtypeStruct((1, b), np.float32),
+                REPLAY_TABLE_SIZE: jax.ShapeDtypeStruct((1, b), np.float32)}
 
     def next_batch(self) -> dict[str, np.ndarray] | None:
         """B sampled items, time-major [T + 1, B, ...] (state fields [1, B, ...]), with their

@@ -241,9 +241,12 @@ class LearnerNode:
             client, table.name, queue_spec.batch_size, self._stop)
         # Beside the state's init and the policy's first compile (see `_Compiling`).
         policy_compiled = threading.Event()
-        self._compiled = _Compiling(self._learner, {} if unrolls is None else {
-            size: self._format.nest(_abstract_batch(builder, spec, queue_spec, size))
-            for size in batch_sizes(queue_spec, config)},
+        batches = ({size: _abstract_batch(builder, spec, queue_spec, size)
+                    for size in batch_sizes(queue_spec, config)} if unrolls is not None else
+                   {self._batch_size: ReplayFeed.batch_shapes(
+                       _abstract_batch(builder, spec, queue_spec, self._batch_size))})
+        self._compiled = _Compiling(
+            self._learner, {size: self._format.nest(batch) for size, batch in batches.items()},
             after_first=policy_compiled, stop=self._stop,
             on_compiled=(lambda size: None) if unrolls is None else unrolls.allow)
         self._checkpointer = None
