@@ -92,30 +92,30 @@ def test_budget_stop_reports_every_stat_and_checkpoints_the_same_counts(tmp_path
     assert resumed["elapsed_s"] > progress["elapsed_s"]
 
 
-class _CompilesInUpdates:
-    """Counts XLA's backend compiles made inside `DataParallelLearner.step` (the learner's
-    update call), on any thread, while installed."""
+@pytest.fixture
+def compiles_in_updates(monkeypatch):
+    """{"compiles", "updates"}: XLA's backend compiles made inside `DataParallelLearner.step`
+    (the learner's update call, on any thread), and the calls, during the test."""
+    counts = {"compiles": 0, "updates": 0}
+    inside = threading.local()
+    step = DataParallelLearner.step
 
-    def __init__(self, monkeypatch):
-        self.count = 0
-        self.steps = 0
-        inside = threading.local()
-        step = DataParallelLearner.step
+    def counted_step(learner, batch):
+        inside.on = True
+        try:
+            return step(learner, batch)
+        finally:
+            inside.on = False
+            counts["updates"] += 1
 
-        def counted_step(learner, batch):
-            inside.on = True
-            try:
-                return step(learner, batch)
-            finally:
-                inside.on = False
-                self.steps += 1
+    def listen(event, duration_s, **kwargs):
+        if event == BACKEND_COMPILE and getattr(inside, "on", False):
+            counts["compiles"] += 1
 
-        def listen(event, duration_s, **kwargs):
-            if event == BACKEND_COMPILE and getattr(inside, "on", False):
-                self.count += 1
-
-        monkeypatch.setattr(DataParallelLearner, "step", counted_step)
-        jax.monitoring.register_event_duration_secs_listener(listen)
+    monkeypatch.setattr(DataParallelLearner, "step", counted_step)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    yield counts
+    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 @pytest.mark.parametrize("builder, env_id", [
@@ -128,12 +128,11 @@ class _CompilesInUpdates:
                             min_replay_size=16, replay_size=256)), "CartPole-v1"),
 ], ids=["impala", "dqn", "sac", "r2d2"])
 def test_the_learners_first_update_is_compiled_before_its_batch_comes(builder, env_id,
-                                                                      monkeypatch):
+                                                                      compiles_in_updates):
     """The learner node compiles the update beside the start (`_Compiling`), also where it
     takes other batches than the unrolls (a replay learner's sampled minibatches, R2D2's
     sampled sequences): no update waits for its compile, and the stop rule is not kept
     waiting by one."""
-    compiles = _CompilesInUpdates(monkeypatch)
     config = ExperimentConfig(num_actors=1, envs_per_actor=8, total_env_steps=4_000,
                               log_every_s=0.1, eval_every=0)
     program = make_program(builder, EnvFactory(env_id), config, name="compile_ahead")
@@ -143,8 +142,9 @@ def test_the_learners_first_update_is_compiled_before_its_batch_comes(builder, e
     finally:
         running.stop()
     assert result is not None and result.reason == "budget", result
-    assert result.info["learner_steps"] > 0 and compiles.steps > 0
-    assert compiles.count == 0, f"{compiles.count} compiles in {compiles.steps} updates"
+    counts = compiles_in_updates
+    assert result.info["learner_steps"] > 0 and counts["updates"] > 0
+    assert counts["compiles"] == 0, counts
 
 
 def chunk(first_column, columns, t=3):
