@@ -177,6 +177,7 @@ def test_auto_batch_sizes_double_from_a_quarter_of_the_envs_unrolls_up_to_all_of
     assert batch_sizes(spec, dataclasses.replace(config, learner_batch="fixed")) == (32,)
     # 8 of the smallest batches (32 unrolls of 32 envs), but no more than two of the largest.
     assert max_unrolls(spec, config) == 16
+    assert max_unrolls(spec, config, largest=128) == 8  # While the update takes 128 at most.
     assert max_unrolls(dataclasses.replace(spec, max_batches=1), config) == 4
     assert max_unrolls(spec, dataclasses.replace(config, learner_batch="fixed")) == 8
 
@@ -194,6 +195,44 @@ def test_auto_batch_takes_what_waits_up_to_the_largest_size_allowed():
     assert feed.next_batch()["x"][0].tolist() == list(range(4, 12))  # 8 of 10.
     assert feed.next_batch()["x"][0].tolist() == [12, 13]  # The 2 left.
     assert feed.next_batch() is None
+
+
+def test_fewer_unrolls_wait_until_the_larger_sizes_are_allowed():
+    # Issue 21's 32 workers with a cold compile cache: the update compiled for the smallest
+    # size only, the queue sized for the largest filled with unrolls that the smallest
+    # batches drained over many updates (a policy lag of 14-15 updates).
+    stop = threading.Event()
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=8), sizes=(2, 4), stop=stop,
+                      max_waiting={2: 2, 4: 4})
+    puts = [threading.Thread(target=feed.put, args=(chunk(2 * i, 2), np.zeros(4, np.int64)))
+            for i in range(5)]
+    try:
+        for put in puts[:2]:
+            put.start()
+            put.join(timeout=10)
+        puts[2].start()
+        puts[2].join(timeout=0.3)
+        assert puts[2].is_alive(), "two unrolls wait for batches of 2: the third must wait"
+        assert feed.next_batch()["x"][0].tolist() == [0, 1]  # Room for one more.
+        puts[2].join(timeout=10)
+        assert not puts[2].is_alive()
+        assert feed.size() == 2
+        puts[3].start()
+        puts[3].join(timeout=0.3)
+        assert puts[3].is_alive()
+        feed.allow(4)  # Batches of 4 from now on: four may wait.
+        puts[3].join(timeout=10)
+        assert not puts[3].is_alive()
+        puts[4].start()
+        puts[4].join(timeout=10)
+        assert feed.size() == 4
+        assert feed.next_batch()["x"][0].tolist() == [2, 3, 4, 5]
+    finally:
+        stop.set()
+        for put in puts:
+            if put.ident is not None:  # Started.
+                put.join(timeout=10)
+    assert not any(put.is_alive() for put in puts)
 
 
 def test_prefetch_prepares_the_next_batch_once_the_learner_took_the_one_before():

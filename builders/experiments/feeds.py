@@ -8,7 +8,7 @@ import collections
 import math
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -167,7 +167,9 @@ class UnrollFeed:
 
     Until `allow` raises it, the largest size is the smallest: the learner's update is
     compiled for one size after another, and a batch of a size not compiled yet would make the
-    first update wait for its compilation.
+    first update wait for its compilation. Meanwhile fewer unrolls may wait (`max_waiting`):
+    a queue sized for the largest batches, drained in the smallest, would be learned from
+    over many updates, and its last unrolls with that many updates of lag.
 
     Each batch carries `POLICY_VERSION` [T + 1, B] besides the unrolls' fields. The versions
     wait beside the queue, not in it (a replay node's table holds the unroll's fields only):
@@ -177,26 +179,39 @@ class UnrollFeed:
       unrolls: the queue (`builders.unroll_queue`: in-process, or a replay node's table).
       sizes: the batch sizes, in columns (envs), ascending (`batch_sizes`).
       stop: the program's stop event; a blocked `put` gives up once it is set.
+      max_waiting: {largest size allowed: unrolls that may wait in the queue meanwhile}
+        (`max_unrolls` of each size); None: as many as the queue holds.
     """
 
-    def __init__(self, unrolls: UnrollQueue, sizes: tuple[int, ...], stop: StopEvent):
+    def __init__(self, unrolls: UnrollQueue, sizes: tuple[int, ...], stop: StopEvent,
+                 max_waiting: Mapping[int, int] | None = None):
         self._unrolls = unrolls
         self._min_columns = self._max_columns = sizes[0]
         self._batcher = UnrollBatcher(sizes)
         self._stop = stop
+        self._max_waiting = max_waiting
+        # Unrolls put and not yet taken, in order; `put` waits on `_room` for fewer.
         self._versions: collections.deque[np.ndarray] = collections.deque()
+        self._room = threading.Condition()
 
     def allow(self, columns: int) -> None:
         """Batches of up to `columns` from now on (one of `sizes`: the update is compiled
         for it)."""
-        self._max_columns = max(self._max_columns, columns)
+        with self._room:
+            self._max_columns = max(self._max_columns, columns)
+            self._room.notify_all()
 
     def put(self, chunk: dict[str, np.ndarray], versions: np.ndarray) -> None:
         """Queues one unroll [T + 1, K, ...] acted by params of `versions` [T + 1]; blocks
-        while the queue is full, until a stop."""
-        # First: the learner may take the chunk as soon as it is queued. A chunk a stop keeps
-        # out leaves its versions last, where nothing asks for them.
-        self._versions.append(versions)
+        while the queue is full (or holds `max_waiting` for the sizes allowed), until a
+        stop."""
+        with self._room:
+            while (self._max_waiting is not None and not self._stop.is_set()
+                   and len(self._versions) >= self._max_waiting[self._max_columns]):
+                self._room.wait(0.1)
+            # First: the learner may take the chunk as soon as it is queued. A chunk a stop
+            # keeps out leaves its versions last, where nothing asks for them.
+            self._versions.append(versions)
         # Blocking while the learner is behind bounds policy lag; the stop ends the wait.
         while not self._stop.is_set():
             if self._unrolls.put(chunk, timeout_s=0.1):
@@ -219,7 +234,9 @@ class UnrollFeed:
         if chunk is None:
             return False
         columns = next(iter(chunk.values())).shape[1]
-        versions = self._versions.popleft()
+        with self._room:
+            versions = self._versions.popleft()
+            self._room.notify()
         self._batcher.add({**chunk, POLICY_VERSION: np.repeat(versions[:, None], columns, 1)})
         return True
 
@@ -339,16 +356,18 @@ class ReplayFeed:
         return int(self._replay.info(self._table)["size"])
 
 
-def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig) -> int:
+def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig,
+                largest: int | None = None) -> int:
     """Bound of the unroll queue, in unrolls of one group of envs [T + 1, K]
     (`ExperimentConfig.envs_per_group`): `max_batches` batches of the smallest size, and with
     auto batches no more than two of the largest (one taken while the next fills: more would
-    only age)."""
+    only age), `largest` if given (the largest the learner takes for now), else the largest
+    of `batch_sizes`."""
     sizes = batch_sizes(queue_spec, config)
     bound = queue_spec.max_batches * math.ceil(sizes[0] / config.envs_per_group)
     if config.learner_batch == "fixed":
         return bound
-    return min(bound, 2 * math.ceil(sizes[-1] / config.envs_per_group))
+    return min(bound, 2 * math.ceil((largest or sizes[-1]) / config.envs_per_group))
 
 
 def agent_table(builder: Builder, spec: EnvSpec) -> TableSpec | None:

@@ -33,6 +33,7 @@ from trellis.builders.experiments.feeds import (
     UnrollFeed,
     agent_table,
     batch_sizes,
+    max_unrolls,
     unroll_queue,
 )
 from trellis.builders.experiments.inference import InferenceServer, agent_step_specs, step_specs
@@ -234,15 +235,16 @@ class LearnerNode:
         self._batch_size = queue_spec.batch_size
         self._format = step_format(spec)
         self._stop = runtime.stop_event()
+        sizes = batch_sizes(queue_spec, config)
         unrolls = (None if table is not None else UnrollFeed(
-            unroll_queue(queue_spec, config, client), batch_sizes(queue_spec, config),
-            self._stop))
+            unroll_queue(queue_spec, config, client), sizes, self._stop,
+            {size: max_unrolls(queue_spec, config, size) for size in sizes}))
         self._feed: UnrollFeed | ReplayFeed = unrolls if unrolls is not None else ReplayFeed(
             client, table.name, queue_spec.batch_size, self._stop)
         # Beside the state's init and the policy's first compile (see `_Compiling`).
         policy_compiled = threading.Event()
-        batches = ({size: _abstract_batch(builder, spec, queue_spec, size)
-                    for size in batch_sizes(queue_spec, config)} if unrolls is not None else
+        batches = ({size: _abstract_batch(builder, spec, queue_spec, size) for size in sizes}
+                   if unrolls is not None else
                    {self._batch_size: ReplayFeed.batch_shapes(
                        _abstract_batch(builder, spec, queue_spec, self._batch_size))})
         self._compiled = _Compiling(
