@@ -286,7 +286,7 @@ class ExperimentConfig(Config):
     learner_batch: str = setting(
         "auto", "unrolls per learner update: auto, every unroll waiting, the agent's "
         "batch_size times 1, 2, 4, ... up to one from every env (the batch follows the rate "
-        "at which unrolls arrive, so the policy lag stays near one update); fixed: batch_size",
+        "at which unrolls arrive, so the policy lag stays at a few updates); fixed: batch_size",
         choices=("auto", "fixed"))
     unroll_queue: str = setting(
         "local", "where unrolls wait for the learner: an in-process queue (local) or a Queue "
