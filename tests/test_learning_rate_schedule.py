@@ -34,6 +34,19 @@ def test_the_factor_falls_linearly_to_zero_over_the_budget():
     assert float(learning_rate_factor(5, 10**12)) == 1.0
 
 
+def test_a_host_number_gets_numpys_factor_equal_to_jaxs():
+    # On the host no jax op runs: it would compile on the device before the first update.
+    steps = np.array([0, 1, 250, 599, 999, 1000, 5000, 3 * 10**11], np.int64)
+    host = [learning_rate_factor(int(s), 10**12 if s > 10**6 else 1000) for s in steps]
+    assert all(type(f) is np.float32 for f in host)
+    # Eager jax, as the host computed it before (jit may multiply by the budget's reciprocal
+    # instead, an ulp apart).
+    eager = [learning_rate_factor(jnp.float32(s), 10**12 if s > 10**6 else 1000)
+             for s in steps]
+    assert all(isinstance(f, jax.Array) for f in eager)
+    np.testing.assert_array_equal(np.array(host), np.array(eager))
+
+
 def test_feed_forward_impala_decays_by_default_and_the_others_do_not():
     assert ImpalaConfig().learning_rate_schedule == "linear"
     assert ImpalaConfig(core="lstm").learning_rate_schedule == "constant"

@@ -10,6 +10,7 @@ import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from trellis.builders.contract.config import AgentConfig
@@ -55,9 +56,14 @@ def learning_rate_factor(env_steps: Any, total_env_steps: int) -> jax.Array:
     """The linear schedule's factor on the learning rate after `env_steps` of a budget of
     `total_env_steps`: 1 at the start, 0 at the budget's end and after it (the IMPALA paper's
     schedule, Espeholt et al., 2018, and cleanrl's PPO). A number or an array, inside jit too.
+
+    A number or a numpy array gives a numpy float32, computed by numpy: jax would compile its
+    eager ops on the device at the first call, and the learner node's first call comes before
+    its first update (0.7 s on a cold 2-core start with 32 workers, while data aged).
     """
+    xp = jnp if isinstance(env_steps, jax.Array) else np
     # The budget as a float: as an int, jax takes it as int32, and budgets reach 10^12.
-    return jnp.clip(1.0 - jnp.asarray(env_steps, jnp.float32) / float(total_env_steps), 0.0, 1.0)
+    return xp.clip(1.0 - xp.asarray(env_steps, xp.float32) / float(total_env_steps), 0.0, 1.0)
 
 
 def _is_factor(node: Any) -> bool:
