@@ -35,7 +35,7 @@ def test_the_factor_falls_linearly_to_zero_over_the_budget():
 
 
 def test_a_host_number_gets_numpys_factor_equal_to_jaxs():
-    # On the host no jax op runs: it would compile on the device before the first update.
+    # On the host no jax op runs: each would compile for the device before the first update.
     steps = np.array([0, 1, 250, 599, 999, 1000, 5000, 3 * 10**11], np.int64)
     host = [learning_rate_factor(int(s), 10**12 if s > 10**6 else 1000) for s in steps]
     assert all(type(f) is np.float32 for f in host)
@@ -45,6 +45,13 @@ def test_a_host_number_gets_numpys_factor_equal_to_jaxs():
              for s in steps]
     assert all(isinstance(f, jax.Array) for f in eager)
     np.testing.assert_array_equal(np.array(host), np.array(eager))
+    # Set as numpy too, broadcast to a population's [M] factors; a traced factor stays jax.
+    population = jax.vmap(make_optimizer(ImpalaConfig()).init)({"w": jnp.zeros((3, 2))})
+    factors = set_learning_rate_factor(population, 0.25)[2].factor
+    assert type(factors) is np.ndarray and factors.dtype == np.float32
+    np.testing.assert_array_equal(factors, [0.25] * 3)
+    traced = jax.jit(set_learning_rate_factor)(population, jnp.float32(0.25))[2].factor
+    np.testing.assert_array_equal(traced, factors)
 
 
 def test_feed_forward_impala_decays_by_default_and_the_others_do_not():

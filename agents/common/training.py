@@ -52,18 +52,24 @@ def _scale_by_learning_rate_factor() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def learning_rate_factor(env_steps: Any, total_env_steps: int) -> jax.Array:
+def learning_rate_factor(env_steps: Any, total_env_steps: int) -> Any:
     """The linear schedule's factor on the learning rate after `env_steps` of a budget of
     `total_env_steps`: 1 at the start, 0 at the budget's end and after it (the IMPALA paper's
-    schedule, Espeholt et al., 2018, and cleanrl's PPO). A number or an array, inside jit too.
-
-    A number or a numpy array gives a numpy float32, computed by numpy: jax would compile its
-    eager ops on the device at the first call, and the learner node's first call comes before
-    its first update (0.7 s on a cold 2-core start with 32 workers, while data aged).
-    """
-    xp = jnp if isinstance(env_steps, jax.Array) else np
+    schedule, Espeholt et al., 2018, and cleanrl's PPO). A float32 array, inside jit too; of
+    a number, a numpy one (`_array_module`)."""
+    xp = _array_module(env_steps)
     # The budget as a float: as an int, jax takes it as int32, and budgets reach 10^12.
     return xp.clip(1.0 - xp.asarray(env_steps, xp.float32) / float(total_env_steps), 0.0, 1.0)
+
+
+def _array_module(x: Any) -> Any:
+    """jax.numpy for a jax array (or a tracer), numpy for a number or a numpy array.
+
+    The host's schedule runs on numbers: as eager jax ops, each would be compiled for the
+    device at the first call, and the learner node's first call comes before its first
+    update (0.7 s on a cold 2-core start with 32 workers, while the data waiting aged).
+    """
+    return jnp if isinstance(x, jax.Array) else np
 
 
 def _is_factor(node: Any) -> bool:
@@ -72,10 +78,12 @@ def _is_factor(node: Any) -> bool:
 
 def set_learning_rate_factor(state: Any, factor: Any) -> Any:
     """A copy of training state `state` whose optimizers scale their steps by `factor`
-    (broadcast to the factor each holds: [M] in a population's state)."""
+    (broadcast to the factor each holds: [M] in a population's state). A number sets numpy
+    arrays (`_array_module`): the state's next device_put or jitted call takes them over."""
+    xp = _array_module(factor)
     return jax.tree.map(
-        lambda node: _LearningRateFactor(jnp.broadcast_to(
-            jnp.asarray(factor, jnp.float32), node.factor.shape)) if _is_factor(node) else node,
+        lambda node: _LearningRateFactor(xp.broadcast_to(
+            xp.asarray(factor, xp.float32), node.factor.shape)) if _is_factor(node) else node,
         state, is_leaf=_is_factor)
 
 
