@@ -127,15 +127,23 @@ def test_concurrent_updates_lose_no_counts():
     assert len(snap.returns) == len(snap.lengths) == 10
 
 
-def test_step_rate_measures_over_at_least_the_min_interval():
+def test_step_rate_measures_over_the_last_window():
     clock = FakeClock(0.0)
-    rate = StepRate(steps=100, min_interval_s=0.5, clock=clock)
-    clock.now = 0.2
-    assert rate.update(500) == 0.0  # Too soon to measure.
+    rate = StepRate(steps=100, window_s=5.0, clock=clock)
+    assert rate.update(100) == 0.0  # No time yet.
     clock.now = 2.0
-    assert rate.update(500) == pytest.approx(200.0)  # 400 steps in 2 s.
-    clock.now = 2.1
-    assert rate.update(10_000) == pytest.approx(200.0)  # Kept until the next interval.
+    assert rate.update(500) == pytest.approx(200.0)  # 400 steps in 2 s, since the start.
+    # A burst of 1,000 steps at 4 s, then none: reads 0.2 s apart still count it (a rate
+    # since the last read said 0).
+    clock.now = 4.0
+    assert rate.update(1_500) == pytest.approx(1_400 / 4.0)
+    for now, expected in ((4.2, 1_400 / 4.2), (4.4, 1_400 / 4.4), (6.0, 1_400 / 6.0),
+                          (8.0, 1_000 / 6.0)):  # From the sample at 2 s, the newest >= 5 s old.
+        clock.now = now
+        assert rate.update(1_500) == pytest.approx(expected)
+    # Once no sample in the window saw a step: none counted for 5 s.
+    clock.now = 9.5
+    assert rate.update(1_500) == pytest.approx(0.0)
 
 
 def test_counter_and_stop_rule_import_no_jax():

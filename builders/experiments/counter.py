@@ -183,29 +183,32 @@ class Counter:
 
 
 class StepRate:
-    """Env steps per second, measured between reads at least `min_interval_s` apart.
+    """Env steps per second over about the last `window_s` seconds.
 
-    Reads closer together than that return the previous value, so a display polling often
-    does not see the noise of tiny intervals.
+    Over a window, not since the last read: the stats are read by several pollers (the
+    session's, the display's), and env steps may come in bursts (on 2 cores Pong's workers
+    wait out each update of several seconds), where a rate since the last read showed
+    0 steps/s between bursts.
 
     Args:
       steps: the step count at the start.
-      min_interval_s: the shortest interval a new value is measured over.
+      window_s: how far back the rate looks (once the run is that old).
       clock: as for `Counter`.
     """
 
-    def __init__(self, steps: int = 0, min_interval_s: float = 0.5,
-                 clock: Clock = time.monotonic):
+    def __init__(self, steps: int = 0, window_s: float = 5.0, clock: Clock = time.monotonic):
         self._clock = clock
-        self._min_interval_s = min_interval_s
-        self._last = (clock(), steps)
-        self._value = 0.0
+        self._window_s = window_s
+        # (time, steps) a tenth of the window apart at least: at most ~11 kept.
+        self._samples = collections.deque([(clock(), steps)])
 
     def update(self, steps: int) -> float:
         """The rate given the step count now."""
         now = self._clock()
-        t0, s0 = self._last
-        if now - t0 >= self._min_interval_s:
-            self._value = (steps - s0) / (now - t0)
-            self._last = (now, steps)
-        return self._value
+        if now - self._samples[-1][0] >= self._window_s / 10:
+            self._samples.append((now, steps))
+        # The oldest kept is the newest at least `window_s` old.
+        while len(self._samples) > 1 and now - self._samples[1][0] >= self._window_s:
+            self._samples.popleft()
+        t0, s0 = self._samples[0]
+        return (steps - s0) / (now - t0) if now > t0 else 0.0
