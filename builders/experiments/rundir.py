@@ -114,12 +114,13 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
     """One metrics.jsonl record from the learner node's `stats()`.
 
     Fields: time, wall_time_s (training time over all sessions), env_steps, learner_steps,
-    episodes, env_steps_per_s (over about the last 5 s), return_mean/min/max and episode_length_mean over the return
-    window, queue_size, policy_lag_mean and policy_lag_max (learner updates between the
-    params that acted and the update that learned from it, over the log interval; agents
-    fed unrolls in order), inference_batch_mean (env steps per policy call of the central
-    inference over the log interval), restarts (env-worker restarts seen by inference),
-    resumes, the learner's metrics as `learner/<name>`, and `extra` (e.g. learning_rate).
+    episodes, env_steps_per_s (over about the last 5 s), return_mean/min/max and
+    episode_length_mean over the return window, queue_size, policy_lag_mean and policy_lag_max
+    (learner updates between the params that acted and the update that learned from it, over the
+    log interval; agents fed unrolls in order), inference_batch_mean (env steps per policy call
+    of the central inference over the log interval), restarts (env-worker restarts seen by
+    inference), resumes, the learner's metrics as `learner/<name>`, and `extra` (e.g.
+    learning_rate).
     """
     record: dict[str, Any] = {
         "time": round(time.time(), 3),
