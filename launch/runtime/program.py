@@ -204,13 +204,13 @@ def execute_in_process(payload: bytes, context: NodeContext, address: rpc.TcpAdd
     process and serves the node's RPCs over TCP at `address` (on `sock`, bound to it already,
     where given); returns as `execute`.
 
-    Python's cyclic garbage collector is off until the node reports "ready": its start (its
-    imports, and for the learner the programs it traces) makes most of what the process will
-    ever hold, and each full collection on the way walked all of it again (0.07-0.23 s each,
-    0.46 s in all, in the learner's process on 2 cores). Then one collection, and what is left
-    is frozen out of later ones (`gc.freeze`), so that a full collection while the learner
-    serves walks only what came since (one took 0.17 s 2.7 s into a run, with no env step
-    served meanwhile).
+    Python's cyclic garbage collector is off until the node is up (serves its RPCs, or
+    reports "ready"): its start (its imports, and for the learner the programs it traces)
+    makes most of what the process will ever hold, and each full collection on the way walked
+    all of it again (0.07-0.23 s each, 0.46 s in all, in the learner's process on 2 cores).
+    Then one collection, and what is left is frozen out of later ones (`gc.freeze`), so that a
+    full collection while the learner serves walks only what came since (one took 0.17 s 2.7 s
+    into a run, with no env step served meanwhile).
     """
     gc.disable()
     context = dataclasses.replace(context, report=_collected_once_ready(context.report))
@@ -220,6 +220,7 @@ def execute_in_process(payload: bytes, context: NodeContext, address: rpc.TcpAdd
 
     def serve(instance: Any) -> None:
         assert address is not None, f"node '{context.label}' serves RPCs but has no address"
+        _collect_start_garbage()  # Before the first call can come.
         servers.append(rpc.TcpServer(instance, context.label, address, sock))
 
     ok = execute(payload, context, serve)
@@ -231,15 +232,22 @@ def execute_in_process(payload: bytes, context: NodeContext, address: rpc.TcpAdd
     return ok
 
 
+def _collect_start_garbage() -> None:
+    """Once, while the collector is still off: collects the garbage of the node's start,
+    freezes the rest and turns the collector back on (see `execute_in_process`)."""
+    if not gc.isenabled():
+        gc.collect()
+        gc.freeze()
+        gc.enable()
+
+
 def _collected_once_ready(report: Callable[[Status], None]) -> Callable[[Status], None]:
-    """`report`, which at the node's "ready" first collects the garbage of its start, freezes
-    the rest and turns the collector back on (see `execute_in_process`)."""
+    """`report`, which at the node's "ready" first collects the garbage of its start (for a
+    node that serves no RPCs; one that does collected it as it began serving)."""
 
     def report_ready(status: Status) -> None:
-        if status.kind == "ready" and not gc.isenabled():
-            gc.collect()
-            gc.freeze()
-            gc.enable()
+        if status.kind == "ready":
+            _collect_start_garbage()
         report(status)
 
     return report_ready
