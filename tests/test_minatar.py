@@ -111,8 +111,9 @@ def test_minatar_torso():
 # agent there, ends near 17.5, DQN near 10. Both agents reach AC(0.8)'s level with these
 # settings, where others missed it in some runs (docs/benchmarks.md, "MinAtar"): IMPALA at lr
 # 5e-3 in each of seeds 0-11, at 0.95M-4.44M frames (at 3e-3 in 7 of seeds 0-7, and the slow
-# suite of 2026-11-28 ended at 12.77), APPO (one torso for both heads) in each of seeds 0-4,
-# at 0.57M-4.34M, with IMPALA's entropy cost of 0.02: at 0.01 it had reached 17 in 4 runs of
+# suite of 2026-11-28 ended at 12.77), APPO (one torso for both heads) in each of seeds 0-12,
+# at 0.57M-4.34M (the slow suite of 2026-11-28 ended at 12.64; 16 unrolls per update missed in
+# 1 of 4 seeds), with IMPALA's entropy cost of 0.02: at 0.01 it had reached 17 in 4 runs of
 # seed 0, then missed twice once the env workers' seeds changed (best 16.21 and 6.61). IMPALA
 # learns from 16 unrolls per update (fixed batches): auto batches of 32-64 on 2 cores gave half
 # the updates per frame (12.07 at 5M). Its rate stays constant: a run that stops at a return
