@@ -24,7 +24,7 @@ import time
 from common import cpu_count, rounded
 
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 from trellis.launch import runtime
 
 # Only light imports at module level, as in launch/run.py: local_mp's spawned node processes
@@ -37,7 +37,7 @@ SMOKE_FLAGS = ["--platforms=local_mt", "--transports=shm", "--num_actors=1",
                "--envs_per_actor=4", "--env_steps=2000", "--env_seconds=0.2"]
 
 
-def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) -> float:
+def env_only(factory: GymnasiumFactory, num_envs: int, seconds: float, seed: int = 0) -> float:
     """Steps/s of one vector env with random actions (what one env worker can do at best)."""
     envs = factory.make_vector(num_envs, seed=seed)
     envs.action_space.seed(seed)
@@ -51,7 +51,8 @@ def env_only(factory: EnvFactory, num_envs: int, seconds: float, seed: int = 0) 
     return rate
 
 
-def pipeline(factory: EnvFactory, platform_name: str, transport: str, args, learn: bool) -> dict:
+def pipeline(factory: GymnasiumFactory, platform_name: str, transport: str, args,
+             learn: bool) -> dict:
     """Runs the program to the step budget; steps/s measured by the learner node's counter.
 
     `env_steps_per_s` counts from the learner node's start (after JAX import and program
@@ -119,7 +120,7 @@ def main() -> None:
     runs = [(platform_name, transport) for platform_name in args.platforms.split(",")
             for transport in args.transports.split(",")]
 
-    factory = EnvFactory(args.env)
+    factory = GymnasiumFactory(args.env)
     results: dict = {
         "env": args.env,
         "num_actors": args.num_actors,

@@ -49,10 +49,10 @@ def _adapters(env_id: str) -> list:
     return [adapt for prefix, adapt in _ADAPTERS.items() if env_id.startswith(prefix)]
 
 
-def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory | EnvpoolFactory
-                                      | PgxFactory | PettingZooFactory | JaxMARLFactory
-                                      | PlaygroundFactory | SleepFactory | MinatarFactory
-                                      | AleVectorFactory):
+def make_env_factory(env_id: str) -> (GymnasiumFactory | GymnaxFactory | BraxFactory
+                                      | EnvpoolFactory | PgxFactory | PettingZooFactory
+                                      | JaxMARLFactory | PlaygroundFactory | SleepFactory
+                                      | MinatarFactory | AleVectorFactory):
     """The factory for an id: "gymnax:ID", "brax:NAME" and "playground:NAME" give gymnax's,
     Brax's and MuJoCo Playground's envs (JAX, for --platform=anakin), "pgx:GAME" pgx's
     two-player games (JAX, for self-play on anakin),
@@ -82,11 +82,11 @@ def make_env_factory(env_id: str) -> (EnvFactory | GymnaxFactory | BraxFactory |
         return SleepFactory(env_id)
     if (atari := atari_factory(env_id)) is not None:
         return atari
-    return EnvFactory(env_id)
+    return GymnasiumFactory(env_id)
 
 
 @dataclasses.dataclass(frozen=True)
-class EnvFactory:
+class GymnasiumFactory:
     """Builds Gymnasium envs for one id.
 
     Attributes:

@@ -12,7 +12,7 @@ from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.env_worker import restart_seed
 from trellis.builders.experiments.evaluation import evaluation_seed
 from trellis.builders.experiments.program import actor_seed, make_program
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 from trellis.launch import runtime
 
 
@@ -27,7 +27,7 @@ def test_killed_env_worker_is_restarted_and_the_run_finishes(platform, buffers, 
     config = ExperimentConfig(num_actors=2, envs_per_actor=8, total_env_steps=24_000,
                               max_actor_restarts=1, log_every_s=0.5, env_buffers=buffers)
     builder = ImpalaBuilder(ImpalaConfig(batch_size=16, unroll_length=20))
-    program = make_program(builder, EnvFactory("CartPole-v1"), config, name="restart")
+    program = make_program(builder, GymnasiumFactory("CartPole-v1"), config, name="restart")
     running = runtime.launch(program, platform=platform, block=False)
     try:
         learner = program.handles("learner")[0].dereference()
@@ -78,13 +78,13 @@ def test_every_env_of_a_run_steps_its_own_game():
     # A sync vector env seeds its K envs with seed .. seed + K - 1: workers seeded one apart
     # shared all but one of their envs' games (envpool's Atari too).
     config = ExperimentConfig(num_actors=3, envs_per_actor=4, seed=5)
-    program = make_program(ImpalaBuilder(ImpalaConfig()), EnvFactory("Acrobot-v1"), config,
+    program = make_program(ImpalaBuilder(ImpalaConfig()), GymnasiumFactory("Acrobot-v1"), config,
                            name="seeds")
     seeds = [node._args[4] for node in program.nodes if node.label.startswith("actor")]
     assert seeds == [actor_seed(5, i, 4) for i in range(3)]
     starts = []
     for seed in seeds:
-        envs = EnvFactory("Acrobot-v1").make_vector(config.envs_per_actor, seed=seed)
+        envs = GymnasiumFactory("Acrobot-v1").make_vector(config.envs_per_actor, seed=seed)
         obs, _ = envs.reset(seed=seed)
         starts += [tuple(row) for row in obs.tolist()]
         envs.close()

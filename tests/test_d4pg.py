@@ -13,7 +13,7 @@ from trellis.agents import common
 from trellis.agents.d4pg import D4PGBuilder, D4PGConfig
 from trellis.agents.d4pg.learner import init_state, make_update
 from trellis.agents.d4pg.losses import actor_loss, critic_loss
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 
 
 def projected_target(atoms, r, discount, probs):
@@ -62,7 +62,7 @@ def pendulum(**overrides):
     config = D4PGConfig(min_replay_size=64, updates_per_step=8, sample_batch_size=32,
                         **overrides)
     builder = D4PGBuilder(config)
-    spec = EnvFactory("Pendulum-v1").spec()
+    spec = GymnasiumFactory("Pendulum-v1").spec()
     return builder, spec, builder.make_networks(spec), config
 
 

@@ -12,7 +12,7 @@ from trellis.agents.common.replay import unrolls_to_transitions
 from trellis.agents.dqn import DQNBuilder, DQNConfig
 from trellis.agents.dqn.config import ApexConfig
 from trellis.agents.dqn.losses import double_q_td_error, weighted_huber_loss
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 from trellis.envs.specs import EnvSpec
 
 
@@ -138,7 +138,7 @@ def small_learner(**overrides):
     config = DQNConfig(min_replay_size=64, updates_per_step=4, sample_batch_size=32,
                        **overrides)
     builder = DQNBuilder(config)
-    spec = EnvFactory("CartPole-v1").spec()
+    spec = GymnasiumFactory("CartPole-v1").spec()
     return builder.make_learner(builder.make_networks(spec), spec, jax.random.PRNGKey(0))
 
 

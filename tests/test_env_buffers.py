@@ -10,7 +10,7 @@ import pytest
 
 from trellis.builders.contract.config import ConfigError, ExperimentConfig
 from trellis.builders.experiments.env_worker import EnvWorker
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 from trellis.launch import run as run_py
 
 
@@ -55,7 +55,7 @@ class HoldingInference:
 
 def test_one_groups_step_at_inference_does_not_hold_the_others():
     inference = HoldingInference(hold_until=20, steps=40)
-    worker = EnvWorker(EnvFactory("CartPole-v1"), inference, worker_id=5, num_envs=8, seed=3,
+    worker = EnvWorker(GymnasiumFactory("CartPole-v1"), inference, worker_id=5, num_envs=8, seed=3,
                        buffers=2)
     worker.run()
     # Group 1 made 20 steps while group 0's first step waited at inference.
@@ -72,7 +72,7 @@ def test_one_groups_step_at_inference_does_not_hold_the_others():
 
 def test_a_failing_group_stops_the_others_and_fails_the_worker():
     inference = HoldingInference(hold_until=1, steps=10**9, fail_group=1)
-    worker = EnvWorker(EnvFactory("CartPole-v1"), inference, worker_id=5, num_envs=8, seed=3,
+    worker = EnvWorker(GymnasiumFactory("CartPole-v1"), inference, worker_id=5, num_envs=8, seed=3,
                        buffers=2)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="env group failed"):

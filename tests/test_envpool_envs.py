@@ -4,7 +4,7 @@ an episode boundary, and a clear error when envpool's resets and episode ends di
 import numpy as np
 import pytest
 
-from trellis.envs import EnvFactory, make_env_factory
+from trellis.envs import GymnasiumFactory, make_env_factory
 from trellis.envs.envpool_envs import EnvpoolFactory, EnvpoolVector
 
 envpool = pytest.importorskip("envpool")
@@ -13,8 +13,8 @@ envpool = pytest.importorskip("envpool")
 def test_id_dispatch_and_specs_equal_gymnasium():
     factory = make_env_factory("envpool:CartPole-v1")
     assert isinstance(factory, EnvpoolFactory)
-    assert factory.spec() == EnvFactory("CartPole-v1").spec()
-    assert factory.reward_threshold() == EnvFactory("CartPole-v1").reward_threshold() == 475
+    assert factory.spec() == GymnasiumFactory("CartPole-v1").spec()
+    assert factory.reward_threshold() == GymnasiumFactory("CartPole-v1").reward_threshold() == 475
 
 
 def test_autoreset_never_joins_two_episodes():

@@ -6,24 +6,24 @@ import numpy as np
 import pytest
 
 from trellis.builders.experiments.env_worker import EnvWorker
-from trellis.envs import EnvFactory, UnknownEnvError, make_env_factory
+from trellis.envs import GymnasiumFactory, UnknownEnvError, make_env_factory
 
 
 def test_spec_of_cartpole():
-    spec = EnvFactory("CartPole-v1").spec()
+    spec = GymnasiumFactory("CartPole-v1").spec()
     assert spec.observation_shape == (4,) and spec.observation_dtype == "float32"
     assert spec.num_actions == 2 and spec.discrete and not spec.pixels
 
 
 def test_spec_of_continuous_env():
-    spec = EnvFactory("Pendulum-v1").spec()
+    spec = GymnasiumFactory("Pendulum-v1").spec()
     assert spec.num_actions is None and spec.action_shape == (1,)
     assert spec.action_low == (-2.0,) and spec.action_high == (2.0,)
 
 
 def test_unknown_env_names_close_matches():
     with pytest.raises(UnknownEnvError, match="Did you mean: CartPole-v1"):
-        EnvFactory("CartPole-v2").validate()
+        GymnasiumFactory("CartPole-v2").validate()
 
 
 class RecordingInference:
@@ -48,7 +48,7 @@ class RecordingInference:
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
 def test_worker_marks_first_steps_after_autoreset(env_id):
     inference = RecordingInference(steps=600)
-    EnvWorker(EnvFactory(env_id), inference, worker_id=0, num_envs=4, seed=3).run()
+    EnvWorker(GymnasiumFactory(env_id), inference, worker_id=0, num_envs=4, seed=3).run()
     calls = inference.calls
     assert all(c["first"].all() for c in calls[:1])
     returns, ended = [], 0
@@ -86,9 +86,10 @@ def test_atari_pixels_through_the_conv_torso():
 
 def test_cartpole_novel_is_cartpole_without_the_velocities():
     """Same dynamics and episode ends as CartPole-v1; only (x, theta) are observed."""
-    novel = EnvFactory("CartPoleNoVel-v1")
+    novel = GymnasiumFactory("CartPoleNoVel-v1")
     assert novel.spec().observation_shape == (2,)
-    envs, full = novel.make_vector(5, seed=3), EnvFactory("CartPole-v1").make_vector(5, seed=3)
+    envs = novel.make_vector(5, seed=3)
+    full = GymnasiumFactory("CartPole-v1").make_vector(5, seed=3)
     obs, _ = envs.reset(seed=3)
     full_obs, _ = full.reset(seed=3)
     rng = np.random.default_rng(0)

@@ -12,18 +12,18 @@ pytest.importorskip("gymnax", reason="gymnax is an optional extra (pip install -
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from trellis.envs import EnvFactory, GymnaxFactory, UnknownEnvError, make_env_factory  # noqa: E402
+from trellis.envs import GymnasiumFactory, GymnaxFactory, UnknownEnvError, make_env_factory  # noqa: E402
 
 
 def test_factory_dispatches_on_the_prefix():
     assert isinstance(make_env_factory("gymnax:CartPole-v1"), GymnaxFactory)
-    assert isinstance(make_env_factory("CartPole-v1"), EnvFactory)
+    assert isinstance(make_env_factory("CartPole-v1"), GymnasiumFactory)
     assert make_env_factory("gymnax:CartPole-v1").jax_native
     assert not make_env_factory("CartPole-v1").jax_native
 
 
 def test_spec_is_the_gymnasium_spec():
-    assert make_env_factory("gymnax:CartPole-v1").spec() == EnvFactory("CartPole-v1").spec()
+    assert make_env_factory("gymnax:CartPole-v1").spec() == GymnasiumFactory("CartPole-v1").spec()
     breakout = make_env_factory("gymnax:Breakout-MinAtar").spec()
     assert breakout.observation_shape == (10, 10, 4) and breakout.num_actions == 3
 

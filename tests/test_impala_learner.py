@@ -12,10 +12,10 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
     from trellis.builders.experiments.inference import step_specs
-    from trellis.envs import EnvFactory
+    from trellis.envs import GymnasiumFactory
 
     builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=6, core=CORE, lstm_size=16))
-    spec = EnvFactory("CartPole-v1").spec()
+    spec = GymnasiumFactory("CartPole-v1").spec()
     networks = builder.make_networks(spec)
     rng = np.random.default_rng(0)
     T, B = 7, 8

@@ -67,12 +67,12 @@ from jax._src import xla_bridge  # No public API says whether a backend has star
 from trellis.agents.registry import agent_module
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.program import make_program
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 for name, overrides, unroll_queue in (("impala", {"core": "lstm"}, "local"),
                                       ("impala", {}, "replay"), ("dqn", {}, "local"),
                                       ("r2d2", {}, "local")):
     module = agent_module(name)
-    make_program(module.Builder(module.Config(**overrides)), EnvFactory("CartPole-v1"),
+    make_program(module.Builder(module.Config(**overrides)), GymnasiumFactory("CartPole-v1"),
                  ExperimentConfig(num_actors=2, unroll_queue=unroll_queue), name=name)
     if xla_bridge.backends_are_initialized():
         sys.exit(f"{name} {overrides} {unroll_queue}: the build started a JAX backend")
@@ -90,11 +90,11 @@ def test_making_an_agents_networks_starts_no_jax_backend():
 import sys
 from jax._src import xla_bridge
 from trellis.agents.registry import agent_module
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 for name, env in (("impala", "CartPole-v1"), ("ppo", "CartPole-v1"), ("dqn", "CartPole-v1"),
                   ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("d4pg", "Pendulum-v1")):
     module = agent_module(name)
-    module.Builder(module.Config()).make_networks(EnvFactory(env).spec())
+    module.Builder(module.Config()).make_networks(GymnasiumFactory(env).spec())
     if xla_bridge.backends_are_initialized():
         sys.exit(f"{name}: making its networks started a JAX backend")
 """

@@ -34,7 +34,7 @@ from trellis.builders.experiments.learner_node import (
 )
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.unroll_queue import LocalUnrollQueue
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 from trellis.launch import runtime
 
 # Every key of `stats()` besides the learner's metrics: run directories depend on them.
@@ -51,7 +51,7 @@ BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # JAX's event pe
 def _run(config, checkpoints):
     """Runs IMPALA on CartPole on threads until it stops by itself; its LaunchResult."""
     builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=10))
-    program = make_program(builder, EnvFactory("CartPole-v1"), config, name="learner_node",
+    program = make_program(builder, GymnasiumFactory("CartPole-v1"), config, name="learner_node",
                            checkpoints=checkpoints)
     running = runtime.launch(program, platform="local_mt", block=False)
     try:
@@ -135,7 +135,7 @@ def test_the_learners_first_update_is_compiled_before_its_batch_comes(builder, e
     waiting by one."""
     config = ExperimentConfig(num_actors=1, envs_per_actor=8, total_env_steps=4_000,
                               log_every_s=0.1, eval_every=0)
-    program = make_program(builder, EnvFactory(env_id), config, name="compile_ahead")
+    program = make_program(builder, GymnasiumFactory(env_id), config, name="compile_ahead")
     running = runtime.launch(program, platform="local_mt", block=False)
     try:
         result = running.wait(timeout=120)

@@ -16,7 +16,7 @@ from trellis.builders.experiments.checkpointing import (
 )
 from trellis.builders.experiments.learner_node import FiniteCheck, NonFiniteLossError
 from trellis.builders.experiments.session import run_experiment
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 
 
 class NanRewardLearner:
@@ -71,7 +71,7 @@ def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_good_checkpoint(tm
     config = ExperimentConfig(num_actors=1, envs_per_actor=8, total_env_steps=200_000,
                               checkpoint_every_s=0.5, log_every_s=0.2, eval_every=0)
 
-    summary = run_experiment(builder, EnvFactory("CartPole-v1"), config, run_dir,
+    summary = run_experiment(builder, GymnasiumFactory("CartPole-v1"), config, run_dir,
                              platform="local_mt", quiet=True)
 
     (learner,) = LEARNERS

@@ -16,7 +16,7 @@ from trellis.agents.sac import SACBuilder, SACConfig
 from trellis.agents.sac.learner import init_state, make_update
 from trellis.agents.sac.losses import actor_loss, critic_loss, soft_q_target, temperature_loss
 from trellis.agents.sac.networks import TanhGaussian
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 
 # A uniform random policy scores about -1,200 to -1,500 per Pendulum-v1 episode; SAC's
 # first episodes (before learning) scored -1,578 and -1,571 in the runs the threshold below
@@ -99,7 +99,7 @@ def pendulum(**overrides):
     config = SACConfig(min_replay_size=64, updates_per_step=8, sample_batch_size=32,
                        **overrides)
     builder = SACBuilder(config)
-    spec = EnvFactory("Pendulum-v1").spec()
+    spec = GymnasiumFactory("Pendulum-v1").spec()
     return builder, spec, builder.make_networks(spec)
 
 
@@ -152,7 +152,7 @@ def test_alpha_moves_towards_the_target_entropy(target_entropy, rises):
     """Entropy above a very low target lowers alpha; below a very high one raises it."""
     builder = SACBuilder(SACConfig(min_replay_size=64, updates_per_step=8,
                                    sample_batch_size=32, target_entropy=target_entropy))
-    spec = EnvFactory("Pendulum-v1").spec()
+    spec = GymnasiumFactory("Pendulum-v1").spec()
     learner = builder.make_learner(builder.make_networks(spec), spec, jax.random.PRNGKey(0))
     before = float(jnp.exp(learner.state.log_alpha))
     learner.step(pendulum_unrolls(np.random.default_rng(2)))
@@ -182,7 +182,7 @@ def test_config_and_networks_reject_bad_input():
     with pytest.raises(ValueError, match="tau must be in"):
         SACConfig(tau=0.0)
     with pytest.raises(ValueError, match="SAC needs flat Box actions"):
-        SACBuilder(SACConfig()).make_networks(EnvFactory("CartPole-v1").spec())
+        SACBuilder(SACConfig()).make_networks(GymnasiumFactory("CartPole-v1").spec())
     assert math.isclose(SACConfig().discount, 0.99)
 
 

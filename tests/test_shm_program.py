@@ -10,7 +10,7 @@ from tests import processes
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.program import make_program
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 from trellis.launch import runtime
 from trellis.launch.runtime import shm
 
@@ -59,7 +59,7 @@ def _program(transport: str = "shm", max_actor_restarts: int = 1) -> runtime.Pro
                               max_actor_restarts=max_actor_restarts, log_every_s=0.5,
                               transport=transport)
     builder = ImpalaBuilder(ImpalaConfig(batch_size=16, unroll_length=20))
-    return make_program(builder, EnvFactory("CartPole-v1"), config, name="shm")
+    return make_program(builder, GymnasiumFactory("CartPole-v1"), config, name="shm")
 
 
 def test_a_killed_worker_maps_its_rows_again_and_nothing_leaks():

@@ -12,7 +12,7 @@ import pytest
 from trellis.builders.contract.agent import ArraySpec
 from trellis.builders.experiments.env_worker import EnvWorker, shm_layout
 from trellis.builders.experiments.inference import InferenceServer, step_specs
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 from trellis.launch.runtime import node_context, shm
 
 K = 4
@@ -44,7 +44,7 @@ class Inference:
 def _run_worker(server, address, stop: threading.Event, until) -> Inference:
     """Runs an EnvWorker (CartPole, K envs) in a thread bound to `stop` until `until()`."""
     inference = Inference(server, address)
-    worker = EnvWorker(EnvFactory("CartPole-v1"), inference, 0, K, seed=1)
+    worker = EnvWorker(GymnasiumFactory("CartPole-v1"), inference, 0, K, seed=1)
     context = node_context.NodeContext("actor/0", stop, lambda status: None)
 
     def run():
@@ -66,7 +66,7 @@ def _run_worker(server, address, stop: threading.Event, until) -> Inference:
 
 
 def _server(unrolls, episodes, stop, shared_memory, act=policy):
-    spec = EnvFactory("CartPole-v1").spec()
+    spec = GymnasiumFactory("CartPole-v1").spec()
     specs = step_specs(spec, {"logits": ArraySpec((2,), "float32")})
     return InferenceServer(
         jax.jit(act), W, jax.random.PRNGKey(0), specs, 1, K, 10,

@@ -19,7 +19,7 @@ from trellis.agents.td3.losses import (
     smoothed_target_action,
     td3_target,
 )
-from trellis.envs import EnvFactory
+from trellis.envs import GymnasiumFactory
 
 
 def test_target_and_losses_by_hand():
@@ -59,7 +59,7 @@ def test_target_smoothing_clips_the_noise_then_the_action():
 
 def pendulum(config):
     builder = TD3Builder(config)
-    spec = EnvFactory("Pendulum-v1").spec()
+    spec = GymnasiumFactory("Pendulum-v1").spec()
     return builder, spec, builder.make_networks(spec)
 
 
@@ -112,7 +112,7 @@ def test_ddpg_is_td3_with_its_three_tricks_off():
     assert twin.critic(twin.init_critic(jax.random.PRNGKey(0)), jnp.zeros((5, 3)),
                        jnp.zeros((5, 1))).shape == (5, 2)
     with pytest.raises(ValueError, match="DDPG needs flat Box actions"):
-        TD3Builder(ddpg).make_networks(EnvFactory("CartPole-v1").spec())
+        TD3Builder(ddpg).make_networks(GymnasiumFactory("CartPole-v1").spec())
 
 
 def test_learner_reduces_critic_loss_on_a_fixed_batch():
@@ -170,7 +170,7 @@ def test_reaches_minus_200_on_pendulum(agent, tmp_path):
 def test_td3_steps_a_gymnasium_mujoco_env(tmp_path):
     """Gymnasium's MuJoCo ids (the `mujoco` extra) run on the host platforms."""
     pytest.importorskip("mujoco", reason="the mujoco extra is not installed")
-    spec = EnvFactory("InvertedPendulum-v5").spec()
+    spec = GymnasiumFactory("InvertedPendulum-v5").spec()
     assert spec.observation_shape == (4,) and spec.action_low == (-3.0,)
     out = run(["--agent=td3", "--platform=local_mt", "--env=InvertedPendulum-v5",
                "--total_env_steps=1024", "--stop_at_return=none", "--eval_every=0",

@@ -12,14 +12,14 @@ from trellis.builders.experiments.inference import agent_step_specs
 from trellis.builders.experiments.learner_node import LearnerNode
 from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_table_spec
-from trellis.envs.factory import EnvFactory
+from trellis.envs.factory import GymnasiumFactory
 from trellis.launch import runtime
 from trellis.reverb_tables import ReplayNode
 
 
 def make_program(
     builder: Builder,
-    env_factory: EnvFactory,
+    env_factory: GymnasiumFactory,
     config: ExperimentConfig,
     name: str = "trellis",
     checkpoints: Checkpoints | None = None,

@@ -26,7 +26,7 @@ from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import HostPlatform
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.stop import StopRule
-from trellis.envs.factory import EnvFactory
+from trellis.envs.factory import GymnasiumFactory
 from trellis.launch import runtime
 
 
@@ -48,7 +48,7 @@ class ProgramRun:
         `make_training(...).init` makes (the learner node's).
     """
 
-    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
+    def __init__(self, builder: Builder, env_factory: GymnasiumFactory, config: ExperimentConfig,
                  run_dir: str, platform: HostPlatform, stop_rule: StopRule,
                  resume_step: int | None, make: Callable[..., runtime.Program] = make_program):
         if resume_step is not None:

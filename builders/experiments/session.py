@@ -61,7 +61,7 @@ from trellis.builders.experiments.rundir import (
     write_json,
 )
 from trellis.builders.experiments.stop import StopRule
-from trellis.envs.factory import EnvFactory
+from trellis.envs.factory import GymnasiumFactory
 from trellis.launch.runtime.launcher import STOP_SIGNALS
 
 # How long the session waits for a report at most, and by what factor env steps grow between
@@ -288,7 +288,7 @@ class Session:
             error=ending.error)
 
 
-def _gradient_execution(builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
+def _gradient_execution(builder: Builder, env_factory: GymnasiumFactory, config: ExperimentConfig,
                         run_dir: str, settings: Platform,
                         resume_from: tuple[int, Mapping[str, Any]] | None,
                         quiet: bool) -> Execution:
@@ -315,7 +315,7 @@ EXECUTIONS: dict[str, Callable[..., Execution]] = {
 
 def run_experiment(
     builder: Builder,
-    env_factory: EnvFactory,
+    env_factory: GymnasiumFactory,
     config: ExperimentConfig,
     run_dir: str,
     *,
@@ -331,7 +331,7 @@ def run_experiment(
 
     Args:
       builder: the agent (builders.contract.agent.Builder).
-      env_factory: envs.EnvFactory.
+      env_factory: envs.GymnasiumFactory.
       config: the experiment settings; checkpoints go to RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
       platform: "local_mt", "local_mp", "ray" or "anakin", or a platform's typed settings
