@@ -8,12 +8,16 @@ arrays, the chunks' data were already written into consecutive rows of `out`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from trellis.reverb_tables import tree as tree_lib
 from trellis.reverb_tables.checks import DataChecker
 from trellis.reverb_tables.types import SampleBatch
+
+# One wake-up's take: (data, keys, probabilities, priorities, times_sampled, table sizes).
+Chunk = tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def check_out(checker: DataChecker, out: Sequence[np.ndarray], batch_size: int
@@ -29,10 +33,11 @@ def check_out(checker: DataChecker, out: Sequence[np.ndarray], batch_size: int
     return list(out)
 
 
-def assemble(chunks: list[tuple], out: list[np.ndarray] | None, treedef: object | None
+def assemble(chunks: list[Chunk], out: list[np.ndarray] | None, treedef: tree_lib.TreeDef | None
              ) -> SampleBatch:
     """The batch of `chunks` (at least one); with `out`, its data are views of `out`'s rows."""
     if out is not None:
+        assert treedef is not None, "check_out refuses `out` to a table without a signature"
         taken = sum(len(c[1]) for c in chunks)
         chunks = [(tree_lib.unflatten(treedef, [a[:taken] for a in out]),
                    *(np.concatenate([c[j] for c in chunks]) for j in range(1, 6)))]

@@ -25,7 +25,7 @@ FORMAT = "trellis-reverb-tables/1"
 MANIFEST = "manifest.json"
 
 # One table's snapshot: (json meta, arrays, objects or None).
-Snapshot = tuple[dict[str, Any], dict[str, np.ndarray], list | None]
+Snapshot = tuple[dict[str, Any], dict[str, np.ndarray], list[Any] | None]
 
 
 def write(directory: str, snapshots: Sequence[tuple[str, Snapshot]]) -> None:
@@ -42,7 +42,8 @@ def write(directory: str, snapshots: Sequence[tuple[str, Snapshot]]) -> None:
         for i, (name, (meta, arrays, objects)) in enumerate(snapshots):
             entry = {"name": name, "file": f"table_{i:03d}.npz", **meta}
             with open(os.path.join(tmp, entry["file"]), "wb") as f:
-                np.savez(f, **arrays)
+                # allow_pickle named (its default), so that no array can be taken for it.
+                np.savez(f, allow_pickle=True, **arrays)
             if objects is not None:
                 entry["objects"] = f"table_{i:03d}.pkl"
                 with open(os.path.join(tmp, entry["objects"]), "wb") as f:

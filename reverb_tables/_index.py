@@ -51,16 +51,16 @@ class UniformIndex(Index):
     """Dense array of live slots; removal swaps the last slot into the hole."""
 
     def __init__(self, capacity: int):
-        self.dense = np.empty(capacity, np.int64)
+        self.dense: np.ndarray = np.empty(capacity, np.int64)
         self.pos = np.full(capacity, -1, np.int64)
         self.size = 0
 
-    def insert(self, slot, priority, seq, useq):
+    def insert(self, slot: int, priority: float, seq: int, useq: int) -> None:
         self.dense[self.size] = slot
         self.pos[slot] = self.size
         self.size += 1
 
-    def remove(self, slot):
+    def remove(self, slot: int) -> None:
         i = int(self.pos[slot])
         last = int(self.dense[self.size - 1])
         self.dense[i] = last
@@ -68,13 +68,14 @@ class UniformIndex(Index):
         self.pos[slot] = -1
         self.size -= 1
 
-    def sample(self, n, rng):
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         idx = rng.integers(0, self.size, size=n)
         return self.dense[idx], np.full(n, 1.0 / self.size)
 
     def order(self) -> np.ndarray:
         """Live slots in dense order (the table's canonical order, saved by checkpoints)."""
-        return self.dense[: self.size].copy()
+        order: np.ndarray = self.dense[: self.size].copy()
+        return order
 
 
 class PrioritizedIndex(Index):
@@ -88,7 +89,7 @@ class PrioritizedIndex(Index):
         # Live slots, for the size and for the uniform fallback when every weight is 0.
         self.live = UniformIndex(capacity)
 
-    def _weight(self, priority):
+    def _weight(self, priority: float | np.ndarray) -> np.ndarray:
         # Priority 0 weighs 0 even with exponent 0 (where np.power(0, 0) == 1): dm-reverb
         # never samples such an item (checked by the conformance suite on both backends).
         p = np.asarray(priority, np.float64)
@@ -111,24 +112,25 @@ class PrioritizedIndex(Index):
             nodes = np.unique(nodes >> 1)
             self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
 
-    def insert(self, slot, priority, seq, useq):
+    def insert(self, slot: int, priority: float, seq: int, useq: int) -> None:
         self.live.insert(slot, priority, seq, useq)
         self._set(slot, float(self._weight(priority)))
 
-    def update(self, slot, priority, useq):
+    def update(self, slot: int, priority: float, useq: int) -> None:
         self._set(slot, float(self._weight(priority)))
 
-    def update_many(self, slots, priorities, useqs):
+    def update_many(self, slots: np.ndarray, priorities: np.ndarray, useqs: np.ndarray
+                    ) -> None:
         if len(slots) <= 4:
             super().update_many(slots, priorities, useqs)
         else:
             self._set_many(np.asarray(slots, np.int64), self._weight(priorities))
 
-    def remove(self, slot):
+    def remove(self, slot: int) -> None:
         self.live.remove(slot)
         self._set(slot, 0.0)
 
-    def sample(self, n, rng):
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         total = self.tree[1]
         if not total > 0.0:
             return self.live.sample(n, rng)
@@ -146,7 +148,8 @@ class PrioritizedIndex(Index):
             node = left_child + go_right
         return node - self.num_leaves, tree[node] / total
 
-    def bulk_load(self, slots, priorities, seqs, useqs):
+    def bulk_load(self, slots: np.ndarray, priorities: np.ndarray, seqs: np.ndarray,
+                  useqs: np.ndarray) -> None:
         for s in slots.tolist():
             self.live.insert(s, 0.0, 0, 0)
         leaves = np.zeros(self.num_leaves, np.float64)
@@ -166,12 +169,12 @@ class _OrderIndex(Index):
         self.entries: collections.deque[tuple[int, int]] = collections.deque()  # (seq, slot)
         self.size = 0
 
-    def insert(self, slot, priority, seq, useq):
+    def insert(self, slot: int, priority: float, seq: int, useq: int) -> None:
         self.seq_of[slot] = seq
         self.entries.append((seq, slot))
         self.size += 1
 
-    def remove(self, slot):
+    def remove(self, slot: int) -> None:
         # Lazy deletion: the entry stays until it reaches an end, or a compaction drops it.
         self.seq_of[slot] = -1
         self.size -= 1
@@ -190,10 +193,11 @@ class _OrderIndex(Index):
             else:
                 entries.popleft()
 
-    def sample(self, n, rng):
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         return np.full(n, self._peek(), np.int64), np.ones(n)
 
-    def bulk_load(self, slots, priorities, seqs, useqs):
+    def bulk_load(self, slots: np.ndarray, priorities: np.ndarray, seqs: np.ndarray,
+                  useqs: np.ndarray) -> None:
         order = np.argsort(seqs, kind="stable")
         for s, q in zip(slots[order].tolist(), seqs[order].tolist(), strict=True):
             self.insert(s, 0.0, q, 0)
@@ -208,10 +212,10 @@ class _HeapIndex(Index):
         self.current: dict[int, tuple[float, int]] = {}
         self.heap: list[tuple[float, int, int]] = []  # (sign * priority, useq, slot)
 
-    def insert(self, slot, priority, seq, useq):
+    def insert(self, slot: int, priority: float, seq: int, useq: int) -> None:
         self.update(slot, priority, useq)
 
-    def update(self, slot, priority, useq):
+    def update(self, slot: int, priority: float, useq: int) -> None:
         key = (self.sign * float(priority), int(useq))
         self.current[slot] = key
         heapq.heappush(self.heap, (key[0], key[1], slot))
@@ -219,10 +223,10 @@ class _HeapIndex(Index):
             self.heap = [(k[0], k[1], s) for s, k in self.current.items()]
             heapq.heapify(self.heap)
 
-    def remove(self, slot):
+    def remove(self, slot: int) -> None:
         del self.current[slot]
 
-    def sample(self, n, rng):
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         heap = self.heap
         while True:
             p, useq, slot = heap[0]

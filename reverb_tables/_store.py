@@ -198,6 +198,7 @@ class ItemStore:
                 np.take(leaf, slots, axis=0, out=dest[row:row + len(slots)], mode="clip")
             return None
         if self._objects is None:
+            assert self._checker.treedef is not None  # a store without objects has a signature
             return tree_lib.unflatten(self._checker.treedef, [leaf[slots] for leaf in self.leaves])
         items = [self._objects[s] for s in slots.tolist()]
         treedef = items[0][0]
@@ -222,7 +223,7 @@ class ItemStore:
         return tree_lib.unflatten(treedef, stacked)
 
     # ---------------------------------------------------------------- checkpoints
-    def snapshot(self) -> tuple[dict[str, int], dict[str, np.ndarray], list | None]:
+    def snapshot(self) -> tuple[dict[str, int], dict[str, np.ndarray], list[Any] | None]:
         """Copies the items in canonical order: json meta, arrays, objects (None with a
         signature)."""
         order = self._live.order()
@@ -241,7 +242,7 @@ class ItemStore:
         objects = None if self._objects is None else [self._objects[s] for s in order.tolist()]
         return meta, arrays, objects
 
-    def check_snapshot(self, arrays: Mapping[str, np.ndarray], objects: list | None) -> None:
+    def check_snapshot(self, arrays: Mapping[str, np.ndarray], objects: list[Any] | None) -> None:
         """Raises ValueError unless a `snapshot`'s arrays and objects fit this store."""
         n = len(arrays["slots"])
         if n > self.capacity or len(arrays["free"]) != self.capacity + 1 - n:
@@ -258,7 +259,7 @@ class ItemStore:
             raise ValueError(f"checkpoint of table {self._name!r} is inconsistent (objects)")
 
     def load(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
-             objects: list | None) -> None:
+             objects: list[Any] | None) -> None:
         """Fills this new, empty store with a checked `snapshot`."""
         slots = np.asarray(arrays["slots"], np.int64)
         self.keys[slots] = arrays["keys"]
@@ -272,7 +273,7 @@ class ItemStore:
         self._free = arrays["free"].tolist()
         for i, leaf in enumerate(self.leaves):
             leaf[slots] = arrays[f"leaf_{i}"]
-        if objects is not None:
+        if objects is not None and self._objects is not None:  # both or neither: check_snapshot
             for s, obj in zip(slots.tolist(), objects, strict=True):
                 self._objects[s] = obj
         args = (slots, self.priorities[slots], self._seq[slots], self._useq[slots])

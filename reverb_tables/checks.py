@@ -58,6 +58,7 @@ class DataChecker:
 
     def __init__(self, spec: spec_lib.TableSpec):
         self.name = spec.name
+        self.treedef: tree_lib.TreeDef | None
         if spec.signature is not None:
             pairs, self.treedef = tree_lib.flatten_with_paths(spec.signature)
             self.paths = [p for p, _ in pairs]

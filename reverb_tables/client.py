@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trellis.reverb_tables.native import NativeClient
 from trellis.reverb_tables.spec import TableSpec
+
+if TYPE_CHECKING:
+    from trellis.reverb_tables.dm_reverb import ReverbClient
 
 BACKENDS = ("native", "reverb")
 
@@ -21,7 +24,7 @@ def reverb_available() -> bool:
 
 
 def make_client(tables: Sequence[TableSpec], backend: str = "native", *,
-                seed: int | None = None) -> Any:
+                seed: int | None = None) -> NativeClient | ReverbClient:
     """Serves `tables` with the chosen backend, in this process.
 
     Args:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -40,7 +41,8 @@ _POLL_S = 0.002
 _DBL_MAX = float(np.finfo(np.float64).max)
 
 
-def _selector(reverb, selector: spec_lib.Selector):
+# dm-reverb and TensorFlow have no annotations here (nor in this venv): their objects are Any.
+def _selector(reverb: types.ModuleType, selector: spec_lib.Selector) -> Any:
     kinds = {
         spec_lib.Uniform: lambda s: reverb.selectors.Uniform(),
         spec_lib.Prioritized: lambda s: reverb.selectors.Prioritized(s.priority_exponent),
@@ -52,7 +54,7 @@ def _selector(reverb, selector: spec_lib.Selector):
     return kinds[type(selector)](selector)
 
 
-def _signature(tf, signature: Any):
+def _signature(tf: types.ModuleType, signature: Any) -> Any:
     if signature is None:
         return None
     return tree_lib.map_leaves(lambda s: tf.TensorSpec(s.shape, tf.as_dtype(s.dtype)), signature)
@@ -289,7 +291,7 @@ class ReverbClient:
     def __enter__(self) -> ReverbClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -114,11 +114,11 @@ class NativeClient:
     def __enter__(self) -> NativeClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---------------------------------------------------------------- checkpoints
-    def checkpoint(self, directory: str | os.PathLike) -> str:
+    def checkpoint(self, directory: str | os.PathLike[str]) -> str:
         """Writes every table to `directory`, atomically (layout: `_checkpoint`).
 
         All tables are locked while their state is copied (a consistent cut, as Reverb blocks
@@ -137,7 +137,7 @@ class NativeClient:
         _checkpoint.write(directory, snapshots)
         return directory
 
-    def restore(self, directory: str | os.PathLike) -> None:
+    def restore(self, directory: str | os.PathLike[str]) -> None:
         """Replaces the state of every table with a checkpoint written by `checkpoint`.
 
         The checkpoint must hold exactly this client's tables, with the same specs. Everything is

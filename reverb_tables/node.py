@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from trellis.reverb_tables import errors
 from trellis.reverb_tables import shared_batches as shared
 from trellis.reverb_tables import spec as spec_lib
 from trellis.reverb_tables import tree as tree_lib
 from trellis.reverb_tables.client import make_client
+from trellis.reverb_tables.native import NativeClient
+from trellis.reverb_tables.types import SampleBatch
 
 
 class ReplayNode:
@@ -46,7 +51,8 @@ class ReplayNode:
     def table_names(self) -> list[str]:
         return list(self._client.table_names)
 
-    def insert(self, data: Any, priorities: Mapping[str, float], timeout_s: float | None = None):
+    def insert(self, data: Any, priorities: Mapping[str, float], timeout_s: float | None = None
+               ) -> int | None:
         return self._client.insert(data, priorities, timeout_s=timeout_s)
 
     def insert_many(self, items: Sequence[tuple[Any, Mapping[str, float], float | None]]
@@ -66,16 +72,19 @@ class ReplayNode:
                                      ",".join(sorted(priorities)))
         return None
 
-    def sample(self, table: str, batch_size: int, timeout_s: float | None = None):
+    def sample(self, table: str, batch_size: int, timeout_s: float | None = None
+               ) -> SampleBatch | SampleTimeout:
         """A `SampleBatch`, or on a rate-limiter timeout a `SampleTimeout` (see ReplayClient)."""
         return self._sample(table, batch_size, timeout_s)
 
     def _sample(self, table: str, batch_size: int, timeout_s: float | None,
-                out: list | None = None):
+                out: list[np.ndarray] | None = None) -> SampleBatch | SampleTimeout:
         try:
             if out is None:
                 return self._client.sample(table, batch_size, timeout_s=timeout_s)
-            return self._client.sample(table, batch_size, timeout_s=timeout_s, out=out)
+            # `out` is only made for native tables (`_signatures`).
+            return self._native("sample into shared memory").sample(
+                table, batch_size, timeout_s=timeout_s, out=out)
         except errors.RateLimiterTimeout as e:
             # Items taken before the deadline count as sampled (a queue has dropped them):
             # they must reach the caller, and an RPC error carries only text.
@@ -112,10 +121,10 @@ class ReplayNode:
             return shared.Unshared(result, "the replay node has no such segment")
         return shared.share(result, buffer, in_place=out is not None)
 
-    def update_priorities(self, table: str, updates: Mapping[int, float]):
+    def update_priorities(self, table: str, updates: Mapping[int, float]) -> int | None:
         return self._client.update_priorities(table, updates)
 
-    def delete(self, table: str, keys: Iterable[int]):
+    def delete(self, table: str, keys: Iterable[int]) -> int | None:
         return self._client.delete(table, keys)
 
     def info(self, table: str) -> dict[str, Any]:
@@ -133,8 +142,8 @@ class ReplayNode:
         self._segments.close()
         self._client.close()
 
-    def _native(self, operation: str):
-        if not hasattr(self._client, "checkpoint"):
+    def _native(self, operation: str) -> NativeClient:
+        if not isinstance(self._client, NativeClient):
             raise NotImplementedError(
                 f"{operation}: replay checkpoints are the native backend's; with dm-reverb use "
                 f"Reverb's own checkpointer")
@@ -194,7 +203,7 @@ class ReplayClient:
         self._segments: shared.ClientSegments | None = None
         self._segments_lock = threading.Lock()
 
-    def _call(self, method: str, *args, **kwargs):
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return getattr(self._node, method)(*args, **kwargs)
         except Exception as e:
@@ -208,31 +217,39 @@ class ReplayClient:
 
     @property
     def table_names(self) -> list[str]:
-        return self._call("table_names")
+        names: list[str] = self._call("table_names")
+        return names
 
-    def insert(self, data: Any, priorities: Mapping[str, float], timeout_s: float | None = None):
-        return self._call("insert", data, priorities, timeout_s=timeout_s)
+    def insert(self, data: Any, priorities: Mapping[str, float], timeout_s: float | None = None
+               ) -> int | None:
+        key: int | None = self._call("insert", data, priorities, timeout_s=timeout_s)
+        return key
 
-    def sample(self, table: str, batch_size: int, timeout_s: float | None = None):
+    def sample(self, table: str, batch_size: int, timeout_s: float | None = None
+               ) -> SampleBatch:
         segments = self._client_segments()
         nbytes = None if segments is None else segments.expected(table, batch_size)
-        segment = None if nbytes is None else segments.take(nbytes)
-        if segment is None:
+        segment = None if segments is None or nbytes is None else segments.take(nbytes)
+        result: SampleBatch | SampleTimeout
+        if segments is None or nbytes is None or segment is None:
             result = self._call("sample", table, batch_size, timeout_s=timeout_s)
         else:
             try:
-                result = self._call("sample_shared", table, batch_size, nbytes, segment.token,
-                                    timeout_s=timeout_s)
+                reply: shared.SharedSample | shared.Unshared | SampleTimeout = self._call(
+                    "sample_shared", table, batch_size, nbytes, segment.token,
+                    timeout_s=timeout_s)
             except BaseException:
                 segments.discard(segment)
                 raise
-            if isinstance(result, shared.SharedSample):
-                return segments.read(segment, result)
+            if isinstance(reply, shared.SharedSample):
+                return segments.read(segment, reply)
             segments.give_back(segment)
-            if isinstance(result, shared.Unshared):
-                if result.reason is not None:
-                    segments.disable(result.reason)
-                result = result.batch
+            if isinstance(reply, shared.Unshared):
+                if reply.reason is not None:
+                    segments.disable(reply.reason)
+                result = reply.batch
+            else:
+                result = reply
         if isinstance(result, SampleTimeout):
             raise errors.RateLimiterTimeout(result.message, table=result.table,
                                             operation="sample", partial=result.partial)
@@ -271,17 +288,21 @@ class ReplayClient:
             raise errors.RateLimiterTimeout(message, table=failure.tables, operation="insert")
         raise _ERRORS.get(failure.error_type, RuntimeError)(message)
 
-    def update_priorities(self, table: str, updates: Mapping[int, float]):
-        return self._call("update_priorities", table, updates)
+    def update_priorities(self, table: str, updates: Mapping[int, float]) -> int | None:
+        updated: int | None = self._call("update_priorities", table, updates)
+        return updated
 
-    def delete(self, table: str, keys: Iterable[int]):
-        return self._call("delete", table, keys)
+    def delete(self, table: str, keys: Iterable[int]) -> int | None:
+        deleted: int | None = self._call("delete", table, keys)
+        return deleted
 
     def info(self, table: str) -> dict[str, Any]:
-        return self._call("info", table)
+        info: dict[str, Any] = self._call("info", table)
+        return info
 
     def checkpoint(self, directory: str) -> str:
-        return self._call("checkpoint", directory)
+        path: str = self._call("checkpoint", directory)
+        return path
 
     def restore(self, directory: str) -> None:
         self._call("restore", directory)
@@ -380,7 +401,7 @@ class StreamingWriter:
                 if error is not None:
                     # What queued behind the failed insert is dropped: nothing after a failure
                     # goes in unseen by the writer.
-                    if self._queued:
+                    if self._queued and sys.version_info >= (3, 11):  # add_note: 3.11
                         error.add_note(f"{len(self._queued)} inserts queued after it were "
                                        "dropped")
                     self._in_flight -= len(self._queued)

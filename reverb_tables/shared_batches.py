@@ -108,7 +108,7 @@ class Unshared:
 class NodeSegments:
     """The node's side: one hub per segment size; writes batches into the clients' segments."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()  # Hubs are not thread-safe; RPCs come on many threads.
         self._hubs: dict[int, shm.Hub] = {}
         self._closed = False
@@ -270,7 +270,9 @@ class ClientSegments:
         """The batch the node wrote into `segment`: views of it, which keep it lent until gone."""
         # The one base array of this batch's views (numpy collapses views onto it, as its own
         # base is not an array): when it is collected, no array of the batch is left.
-        base = np.frombuffer(memoryview(segment.channel.arrays[_FIELD]), np.uint8)
+        # numpy's stubs give ndarray `__buffer__` (typing's Buffer) from Python 3.12 only.
+        base = np.frombuffer(memoryview(segment.channel.arrays[_FIELD]),  # type: ignore[arg-type]
+                             np.uint8)
         weakref.finalize(base, self._release, segment).atexit = False
         leaves = segment_views(base, [o for o, _, _ in header.leaves],
                                [(shape, dtype) for _, shape, dtype in header.leaves])

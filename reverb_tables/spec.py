@@ -47,7 +47,7 @@ class ArraySpec:
     shape: tuple[int, ...]
     dtype: Any
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         try:
             shape = tuple(int(d) for d in self.shape)
         except (TypeError, ValueError) as e:
@@ -100,7 +100,7 @@ class Prioritized(Selector):
 
     priority_exponent: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         a = self.priority_exponent
         if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a) or a < 0:
             raise ValueError(
@@ -179,7 +179,7 @@ class RateLimiter(RateLimiterSpec):
     min_diff: float
     max_diff: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_spi("RateLimiter", self.samples_per_insert)
         _check_min_size("RateLimiter", self.min_size_to_sample)
         if math.isnan(self.min_diff) or math.isnan(self.max_diff) or self.min_diff > self.max_diff:
@@ -198,7 +198,7 @@ class MinSize(RateLimiterSpec):
 
     min_size_to_sample: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_min_size("MinSize", self.min_size_to_sample)
 
     samples_per_insert = 1.0
@@ -235,7 +235,7 @@ class SampleToInsertRatio(RateLimiterSpec):
     min_size_to_sample: int
     error_buffer: float | tuple[float, float]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_spi("SampleToInsertRatio", self.samples_per_insert)
         _check_min_size("SampleToInsertRatio", self.min_size_to_sample)
         eb = self.error_buffer
@@ -297,7 +297,7 @@ class Queue(RateLimiterSpec):
 
     size: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         size = self.size
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
             raise ValueError(f"Queue.size must be an int >= 1, got {self.size!r}")
@@ -359,7 +359,7 @@ class TableSpec:
     max_times_sampled: int = 0
     signature: Any = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"TableSpec.name must be a non-empty str, got {self.name!r}")
         where = f"TableSpec {self.name!r}"

@@ -149,7 +149,7 @@ class Table:
         if out is not None:
             out = _batch.check_out(self._checker, out, batch_size)
         treedef = self._checker.treedef
-        chunks: list[tuple] = []  # one per wake-up: what the limiter admitted then
+        chunks: list[_batch.Chunk] = []  # one per wake-up: what the limiter admitted then
         taken = 0
         with self._cond:
             while taken < batch_size:
@@ -256,15 +256,15 @@ class Table:
                 **self._stats}
 
     # ---------------------------------------------------------------- checkpoints
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray], list | None]:
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray], list[Any] | None]:
         """Copies the full state (lock held by the caller): json meta, arrays, objects."""
         store_meta, arrays, objects = self._store.snapshot()
         meta = {"spec": self._spec.describe(), "counters": self._counts(), **store_meta,
                 "rng_state": self._rng.bit_generator.state}
         return meta, arrays, objects
 
-    def _check_snapshot(self, meta: dict, arrays: Mapping[str, np.ndarray],
-                        objects: list | None) -> None:
+    def _check_snapshot(self, meta: dict[str, Any], arrays: Mapping[str, np.ndarray],
+                        objects: list[Any] | None) -> None:
         """Raises ValueError unless the snapshot fits this table (no state change)."""
         ours = json.loads(json.dumps(self._spec.describe()))
         if meta["spec"] != ours:
@@ -276,8 +276,8 @@ class Table:
             )
         self._store.check_snapshot(arrays, objects)
 
-    def _load_snapshot(self, meta: dict, arrays: Mapping[str, np.ndarray],
-                       objects: list | None) -> None:
+    def _load_snapshot(self, meta: dict[str, Any], arrays: Mapping[str, np.ndarray],
+                       objects: list[Any] | None) -> None:
         """Replaces the state with a checked snapshot (lock held by the caller).
 
         Whether the table is closed, and the calls waiting on it, stay as they are.

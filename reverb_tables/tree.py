@@ -36,7 +36,7 @@ def _is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
-def _sorted_keys(mapping: Mapping) -> tuple:
+def _sorted_keys(mapping: Mapping[Any, Any]) -> tuple[Any, ...]:
     try:
         return tuple(sorted(mapping))
     except TypeError as e:
