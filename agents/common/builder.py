@@ -21,7 +21,7 @@ from trellis.builders.contract.agent import (
     QueueSpec,
     Training,
 )
-from trellis.builders.contract.config import AgentConfig
+from trellis.builders.contract.config import AgentConfig, ReplayConfig
 from trellis.envs.specs import EnvSpec
 
 
@@ -101,6 +101,9 @@ class AgentBuilder(abc.ABC):
                              "client")
         training = self.make_training(networks, spec)
         if self.capabilities.learns_from == REPLAY:
+            if not isinstance(self.config, ReplayConfig):
+                raise TypeError(f"{type(self).__name__} learns from replay: its config must "
+                                f"derive from ReplayConfig, got {type(self.config).__name__}")
             action = ((), "int32") if spec.discrete else (spec.action_shape, "float32")
             return ReplayLearner(training, key, self.config, self.replay_selector(),
                                  obs_spec=(spec.observation_shape, spec.observation_dtype),

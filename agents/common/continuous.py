@@ -8,14 +8,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Protocol
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from trellis.agents.common.params import Params
 from trellis.agents.common.torsos import MLPTorso
-from trellis.builders.contract.agent import Policy
+from trellis.builders.contract.agent import Policy, State
 from trellis.builders.contract.config import ReplayConfig, setting
 from trellis.envs.specs import EnvSpec
 
@@ -91,7 +92,7 @@ class DeterministicPolicy(nn.Module):
     action_dim: int
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs: jax.Array) -> jax.Array:
         return nn.Dense(self.action_dim)(MLPTorso(tuple(self.hidden_sizes))(obs))
 
 
@@ -108,20 +109,27 @@ class Critics(nn.Module):
     num_outputs: int = 1
 
     @nn.compact
-    def __call__(self, obs, action):
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs.astype(jnp.float32), action.astype(jnp.float32)], axis=-1)
         out = jnp.stack([nn.Dense(self.num_outputs)(MLPTorso(tuple(self.hidden_sizes))(x))
                          for _ in range(self.num_critics)], axis=-2)
         return out[..., 0] if self.num_outputs == 1 else out
 
 
-def actor_params(state: Any) -> dict[str, Any]:
+class ActorCriticState(Protocol):
+    """What `actor_params` reads of an actor-critic's training state (SAC's, TD3's, D4PG's)."""
+
+    @property
+    def policy_params(self) -> Params: ...
+
+
+def actor_params(state: ActorCriticState) -> dict[str, Params]:
     """What an actor-critic's policy reads (`Training.acting_params`): its actor's params,
     `{"policy": state.policy_params}`, so inference and anakin never carry the critics."""
     return {"policy": state.policy_params}
 
 
-def deterministic_policy(act: Callable[[Any, jax.Array], jax.Array], bounds: Bounds,
+def deterministic_policy(act: Callable[[Params, jax.Array], jax.Array], bounds: Bounds,
                          exploration_noise: float, evaluation: bool) -> Policy:
     """The acting policy of a deterministic actor (TD3, DDPG, D4PG), feed-forward:
     `policy(params, key, obs[N, D_obs], state, first) -> (actions[N, D], {}, state)` reads
@@ -135,7 +143,8 @@ def deterministic_policy(act: Callable[[Any, jax.Array], jax.Array], bounds: Bou
       evaluation: no noise.
     """
 
-    def policy(params, key, obs, state, first):
+    def policy(params: Params, key: jax.Array, obs: jax.Array, state: State, first: jax.Array
+               ) -> tuple[jax.Array, dict[str, jax.Array], State]:
         del first  # Feed-forward: nothing to reset.
         action = act(params["policy"], obs)
         if evaluation:

@@ -5,7 +5,7 @@ variant `ReplayLearner` (n-step transitions replayed in-process)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -13,12 +13,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trellis import reverb_tables as rt
+from trellis.agents.common.params import Params
 from trellis.agents.common.replay import TransitionReplay
 from trellis.agents.common.training import get_hparams, set_hparams
 from trellis.builders.contract.agent import Training, init_device
 from trellis.builders.contract.config import ReplayConfig
 
 Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
+# A learner step's metrics: device scalars, and host counts (`ReplayLearner`'s replay_size).
+Metrics = Mapping[str, jax.Array | int]
 
 
 # The init runs once, on the start-up's critical path (the first env step waits for its
@@ -81,13 +84,16 @@ class DataParallelLearner:
         # Made at first use (a second or so of compiling), so a learner that restores a
         # checkpoint first does not pay for it twice. Assignments replace it.
         key = jax.device_put(self._key, init_device(self.mesh.devices.flat))
-        init = jax.jit(self._init).lower(key).compile(compiler_options=INIT_COMPILER_OPTIONS)
+        # jax annotates compiler options as str or bool, but XLA takes this level as an int
+        # (the default 3 is one): jax hands the values to XLA unchanged.
+        init = jax.jit(self._init).lower(key).compile(
+            compiler_options=INIT_COMPILER_OPTIONS)  # type: ignore[arg-type]
         return jax.device_put(init(key), self._replicated)
 
     def compile(self, batch: Mapping[str, Any]) -> None:
         """Compiles the update for batches shaped as `batch` (a tree of
         `jax.ShapeDtypeStruct`); the state's shapes come from `init` without running it."""
-        def placed(sharding):
+        def placed(sharding: NamedSharding) -> Callable[[Any], jax.ShapeDtypeStruct]:
             return lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
         state = jax.tree.map(placed(self._replicated), jax.eval_shape(self._init, self._key))
@@ -96,26 +102,28 @@ class DataParallelLearner:
     def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """`batch` on the learner's devices, sharded as `step` takes it (the learner node
         places the next batch while the current update runs)."""
-        return jax.device_put(dict(batch), self._batch_sharding)
+        placed: dict[str, Any] = jax.device_put(dict(batch), self._batch_sharding)
+        return placed
 
-    def step(self, batch: Mapping[str, Any]) -> dict:
+    def step(self, batch: Mapping[str, Any]) -> Metrics:
         """One update on a batch, on the host or `place`d; returns the metrics as device
         scalars."""
         batch = jax.device_put(dict(batch), self._batch_sharding)  # A no-op once placed.
+        metrics: dict[str, jax.Array]
         self._state, metrics = self._update(self._state, batch)
         return metrics
 
     @property
-    def params(self):
+    def params(self) -> Params:
         """What the acting policy reads (`Training.acting_params`)."""
         return self._acting_params(self._state)
 
     @property
-    def state(self):
+    def state(self) -> Any:
         """The whole training state (a pytree): what checkpoints save."""
         return self._state
 
-    def restore(self, state) -> None:
+    def restore(self, state: Any) -> None:
         """Replaces the training state, e.g. with one read from a checkpoint, keeping this
         learner's hyper-parameters (`get_hparams`).
 
@@ -123,7 +131,8 @@ class DataParallelLearner:
           ValueError: `state` is not structured like this learner's state.
         """
         expected, got = jax.tree.structure(self._state), jax.tree.structure(state)
-        if expected != got:
+        # jaxlib's PyTreeDef is not resolved by mypy (no stub for it): its `!=` looks unsupported.
+        if expected != got:  # type: ignore[operator]
             raise ValueError(f"cannot restore a learner state shaped {got}; expected {expected}")
         # The hyper-parameters stay this learner's (its config's): a resumed run's flags and
         # PBT's new values apply to the params, moments, key and step that `state` brings.
@@ -181,7 +190,7 @@ class ReplayLearner(DataParallelLearner):
         c = self._config
         super().compile(self.replay.sample_shapes(c.updates_per_step, c.sample_batch_size))
 
-    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
+    def step(self, batch: Mapping[str, np.ndarray]) -> Metrics:
         """Inserts the unrolls' transitions, then learns once the table is large enough.
 
         Args:

@@ -62,7 +62,7 @@ class ObservationNormalizer(nn.Module):
     clip: float = 10.0
 
     @nn.compact
-    def __call__(self, x):  # [..., *shape]
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., *shape]
         moments = {name: jax.lax.stop_gradient(self.variable(OBS_NORM, name, jnp.asarray, v).value)
                    for name, v in initial_moments(tuple(self.shape)).items()}
         z = (x.astype(jnp.float32) - moments["mean"]) * jax.lax.rsqrt(moments["var"] + 1e-8)

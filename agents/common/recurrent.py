@@ -15,7 +15,7 @@ LSTMState = dict[str, jax.Array]  # {"c": [B, H], "h": [B, H]}: cell and hidden 
 
 def reset_where(first: jax.Array, state: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """`state` with the rows where `first` [B] is set replaced by zeros."""
-    def reset(s):
+    def reset(s: jax.Array) -> jax.Array:
         rows = first.reshape(first.shape + (1,) * (s.ndim - first.ndim))
         return jnp.where(rows, jnp.zeros_like(s), s)
 
@@ -28,7 +28,8 @@ class _ResettingLSTMCell(nn.Module):
     hidden_size: int
 
     @nn.compact
-    def __call__(self, carry, inputs):
+    def __call__(self, carry: tuple[jax.Array, jax.Array], inputs: tuple[jax.Array, jax.Array]
+                 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
         x, first = inputs  # [B, D], [B]
         c, h = (reset_where(first, {"c": carry[0], "h": carry[1]})[k] for k in ("c", "h"))
         return nn.OptimizedLSTMCell(self.hidden_size)((c, h), x)

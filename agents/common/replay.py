@@ -110,10 +110,10 @@ class TransitionReplay:
         self._signature = {"obs": obs, "next_obs": obs, "action": rt.ArraySpec(*action_spec),
                            "reward": rt.ArraySpec((), "float32"),
                            "discount": rt.ArraySpec((), "float32")}
-        self.client = rt.make_client(
+        self.client = rt.NativeClient(
             [rt.TableSpec(TABLE, selector, rt.Fifo(), capacity, rt.MinSize(1),
                           signature=self._signature)],
-            backend="native", seed=seed)
+            seed=seed)
         self.table = self.client.table(TABLE)
         self._n_step, self._discount = n_step, discount
 
@@ -176,7 +176,9 @@ class DeviceReplay:
     def create(cls, capacity: int, obs: jax.ShapeDtypeStruct,
                action: jax.ShapeDtypeStruct) -> DeviceReplay:
         """An empty ring of `capacity` transitions of one `obs` and one `action`."""
-        slots = lambda spec: jnp.zeros((capacity,) + tuple(spec.shape), spec.dtype)  # noqa: E731
+        def slots(spec: jax.ShapeDtypeStruct) -> jax.Array:
+            return jnp.zeros((capacity,) + tuple(spec.shape), spec.dtype)
+
         scalar = jax.ShapeDtypeStruct((), jnp.float32)
         return cls({"obs": slots(obs), "next_obs": slots(obs), "action": slots(action),
                     "reward": slots(scalar), "discount": slots(scalar)},
@@ -205,7 +207,9 @@ class DeviceReplay:
         new = {"obs": unrolls["obs"][:-1], "action": unrolls["action"][:-1], "reward": returns,
                "discount": scale, "next_obs": unrolls["obs"][end, cols]}
         slots = (self.index + jnp.arange(t * b)) % capacity
-        flat = lambda x: x.reshape((t * b,) + x.shape[2:])  # noqa: E731
+        def flat(x: jax.Array) -> jax.Array:
+            return x.reshape((t * b,) + x.shape[2:])
+
         data = {k: v.at[slots].set(flat(new[k]).astype(v.dtype)) for k, v in self.data.items()}
         return DeviceReplay(data, self.valid.at[slots].set(flat(valid)),
                             (self.index + t * b) % capacity)

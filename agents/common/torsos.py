@@ -18,7 +18,7 @@ class MLPTorso(nn.Module):
     hidden_sizes: Sequence[int]
 
     @nn.compact
-    def __call__(self, x):  # [..., D]
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., D]
         x = x.reshape(x.shape[: x.ndim - 1] + (-1,)).astype(jnp.float32)
         for size in self.hidden_sizes:
             x = nn.tanh(nn.Dense(size)(x))
@@ -38,7 +38,7 @@ class ConvTorso(nn.Module):
     hidden_size: int = 256
 
     @nn.compact
-    def __call__(self, x):  # [..., H, W, C] or [..., C, H, W]
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., H, W, C] or [..., C, H, W]
         batch_shape = x.shape[:-3]
         x = _frames(x, self.channels_first)
         x = nn.relu(nn.Conv(16, (8, 8), strides=(4, 4))(x))
@@ -52,7 +52,7 @@ class ResidualBlock(nn.Module):
     """relu, conv 3x3, relu, conv 3x3, plus the input (Espeholt et al., 2018, Figure 3)."""
 
     @nn.compact
-    def __call__(self, x):  # [N, H, W, C]
+    def __call__(self, x: jax.Array) -> jax.Array:  # [N, H, W, C]
         channels = x.shape[-1]
         y = nn.Conv(channels, (3, 3))(nn.relu(x))
         y = nn.Conv(channels, (3, 3))(nn.relu(y))
@@ -72,7 +72,7 @@ class ImpalaResNetTorso(nn.Module):
     hidden_size: int = 256
 
     @nn.compact
-    def __call__(self, x):  # [..., H, W, C] or [..., C, H, W]
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., H, W, C] or [..., C, H, W]
         batch_shape = x.shape[:-3]
         x = _frames(x, self.channels_first)
         for channels in self.channels:
@@ -96,7 +96,7 @@ class MinAtarTorso(nn.Module):
     hidden_size: int = 128
 
     @nn.compact
-    def __call__(self, x):  # [..., H, W, C]
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., H, W, C]
         batch_shape = x.shape[:-3]
         x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32)
         x = nn.relu(nn.Conv(16, (3, 3), strides=(1, 1), padding="VALID")(x))

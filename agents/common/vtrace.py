@@ -56,7 +56,8 @@ def vtrace(
     c_tm1 = lambda_ * jnp.minimum(1.0, rho_tm1)
     td_errors = clipped_rhos * (r_t + discount_t * v_t - v_tm1)
 
-    def backward(acc, xs):  # acc = v_{s+1} - V(x_{s+1})
+    def backward(acc: jax.Array, xs: tuple[jax.Array, jax.Array, jax.Array]
+                 ) -> tuple[jax.Array, jax.Array]:  # acc = v_{s+1} - V(x_{s+1})
         td, discount, c = xs
         acc = td + discount * c * acc
         return acc, acc

@@ -15,6 +15,7 @@ from trellis.agents.common.continuous import (
     DeterministicPolicy,
     continuous_action_dim,
 )
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 
@@ -24,10 +25,10 @@ class D4PGNetworks:
     `policy(params, obs)` -> the action in bounds [..., D]; `critic(params, obs, action)` ->
     logits [..., K] over `atoms` [K]."""
 
-    init_policy: Callable[[jax.Array], dict]
-    init_critic: Callable[[jax.Array], dict]
-    policy: Callable[[dict, jax.Array], jax.Array]
-    critic: Callable[[dict, jax.Array, jax.Array], jax.Array]
+    init_policy: Callable[[jax.Array], Params]
+    init_critic: Callable[[jax.Array], Params]
+    policy: Callable[[Params, jax.Array], jax.Array]
+    critic: Callable[[Params, jax.Array, jax.Array], jax.Array]
     atoms: np.ndarray
     bounds: Bounds
     action_dim: int
@@ -49,8 +50,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_atoms: int, v_
     return D4PGNetworks(
         init_policy=lambda key: policy.init(key, obs),
         init_critic=lambda key: critic.init(key, obs, action),
-        policy=lambda params, obs: bounds.squash(policy.apply(params, obs)),
-        critic=lambda params, obs, action: critic.apply(params, obs, action)[..., 0, :],
+        policy=lambda params, obs: bounds.squash(pure_apply(policy)(params, obs)),
+        critic=lambda params, obs, action: pure_apply(critic)(params, obs, action)[..., 0, :],
         atoms=np.linspace(v_min, v_max, num_atoms, dtype=np.float32),
         bounds=bounds,
         action_dim=action_dim,

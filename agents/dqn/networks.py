@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trellis.agents.common import make_torso
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 
@@ -36,8 +37,8 @@ class DuelingQNet(nn.Module):
 class DQNNetworks:
     """Pure functions: `init(key) -> params`, `apply(params, obs) -> q_values [..., A]`."""
 
-    init: Callable[[jax.Array], dict]
-    apply: Callable[[dict, jax.Array], jax.Array]
+    init: Callable[[jax.Array], Params]
+    apply: Callable[[Params, jax.Array], jax.Array]
     num_actions: int
 
 
@@ -47,5 +48,5 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> DQNNetworks:
         raise ValueError("DQN needs discrete actions; use --agent=ppo or sac for Box actions.")
     net = DuelingQNet(spec.num_actions, make_torso(spec, hidden_sizes))
     dummy = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    return DQNNetworks(init=lambda key: net.init(key, dummy), apply=net.apply,
+    return DQNNetworks(init=lambda key: net.init(key, dummy), apply=pure_apply(net),
                        num_actions=spec.num_actions)

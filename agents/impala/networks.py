@@ -19,6 +19,7 @@ from trellis.agents.common import (
     lstm_initial_state,
     make_torso,
 )
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 State = Mapping[str, jax.Array]
@@ -59,8 +60,8 @@ class ImpalaNetworks:
     returned after step T - 1; `initial_state(n) -> {name: [n, ...]}` (numpy; {} without core).
     """
 
-    init: Callable[[jax.Array], dict]
-    apply: Callable[[dict, jax.Array, jax.Array, State], tuple[jax.Array, jax.Array, State]]
+    init: Callable[[jax.Array], Params]
+    apply: Callable[[Params, jax.Array, jax.Array, State], tuple[jax.Array, jax.Array, State]]
     initial_state: Callable[[int], dict[str, np.ndarray]]
 
 
@@ -98,6 +99,6 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
     first = np.ones((1, 1), bool)
     return ImpalaNetworks(
         init=lambda key: net.init(key, dummy, first, initial_state(1)),
-        apply=net.apply,
+        apply=pure_apply(net),
         initial_state=initial_state,
     )

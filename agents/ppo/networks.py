@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trellis.agents.common import ObservationNormalizer, diagonal_gaussian_log_prob, make_torso
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 DistParams = Any  # logits [..., A], or (mean, log_std) each [..., D].
@@ -128,8 +129,8 @@ class PPONetworks:
     """Pure functions: `init(key) -> params`, `apply(params, obs) -> (dist_params, value)`,
     and the action distribution over `dist_params`."""
 
-    init: Callable[[jax.Array], dict]
-    apply: Callable[[dict, jax.Array], tuple[DistParams, jax.Array]]
+    init: Callable[[jax.Array], Params]
+    apply: Callable[[Params, jax.Array], tuple[DistParams, jax.Array]]
     distribution: ActionDistribution
 
 
@@ -168,5 +169,5 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
     )
     dummy = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
     return PPONetworks(
-        init=lambda key: net.init(key, dummy), apply=net.apply, distribution=distribution
+        init=lambda key: net.init(key, dummy), apply=pure_apply(net), distribution=distribution
     )

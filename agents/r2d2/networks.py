@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trellis.agents.common import LSTMCore, lstm_initial_state, make_torso
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 
@@ -47,8 +48,8 @@ class R2D2Networks:
       num_actions: A.
     """
 
-    init: Callable[[jax.Array], dict]
-    apply: Callable[[dict, Mapping[str, jax.Array], jax.Array, jax.Array],
+    init: Callable[[jax.Array], Params]
+    apply: Callable[[Params, Mapping[str, jax.Array], jax.Array, jax.Array],
                     tuple[dict[str, jax.Array], jax.Array]]
     initial_state: Callable[[int], dict[str, np.ndarray]]
     num_actions: int
@@ -67,5 +68,5 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], lstm_size: int) ->
         obs = jnp.zeros((1, 1) + spec.observation_shape, spec.observation_dtype)
         return net.init(key, initial_state(1), obs, jnp.ones((1, 1), bool))
 
-    return R2D2Networks(init=init, apply=net.apply, initial_state=initial_state,
+    return R2D2Networks(init=init, apply=pure_apply(net), initial_state=initial_state,
                         num_actions=spec.num_actions)

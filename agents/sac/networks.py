@@ -18,6 +18,7 @@ import numpy as np
 
 from trellis.agents.common import MLPTorso, diagonal_gaussian_log_prob
 from trellis.agents.common.continuous import Bounds, Critics, continuous_action_dim
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 
@@ -70,10 +71,10 @@ class SACNetworks:
     `critic(params, obs, action)` -> Q [..., 2].
     """
 
-    init_policy: Callable[[jax.Array], dict]
-    init_critic: Callable[[jax.Array], dict]
-    policy: Callable[[dict, jax.Array], tuple[jax.Array, jax.Array]]
-    critic: Callable[[dict, jax.Array, jax.Array], jax.Array]
+    init_policy: Callable[[jax.Array], Params]
+    init_critic: Callable[[jax.Array], Params]
+    policy: Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]]
+    critic: Callable[[Params, jax.Array, jax.Array], jax.Array]
     distribution: TanhGaussian
     action_dim: int
 
@@ -93,8 +94,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], log_std_min: float
     return SACNetworks(
         init_policy=lambda key: policy.init(key, obs),
         init_critic=lambda key: critic.init(key, obs, action),
-        policy=policy.apply,
-        critic=critic.apply,
+        policy=pure_apply(policy),
+        critic=pure_apply(critic),
         distribution=TanhGaussian(spec.action_low, spec.action_high),
         action_dim=action_dim,
     )

@@ -15,6 +15,7 @@ from trellis.agents.common.continuous import (
     DeterministicPolicy,
     continuous_action_dim,
 )
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 
@@ -24,10 +25,10 @@ class TD3Networks:
     `policy(params, obs)` -> the action in bounds [..., D]; `critic(params, obs, action)` ->
     Q [..., N] (N = 2 with clipped double Q, else 1)."""
 
-    init_policy: Callable[[jax.Array], dict]
-    init_critic: Callable[[jax.Array], dict]
-    policy: Callable[[dict, jax.Array], jax.Array]
-    critic: Callable[[dict, jax.Array, jax.Array], jax.Array]
+    init_policy: Callable[[jax.Array], Params]
+    init_critic: Callable[[jax.Array], Params]
+    policy: Callable[[Params, jax.Array], jax.Array]
+    critic: Callable[[Params, jax.Array, jax.Array], jax.Array]
     bounds: Bounds
     action_dim: int
 
@@ -48,8 +49,8 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_critics: int,
     return TD3Networks(
         init_policy=lambda key: policy.init(key, obs),
         init_critic=lambda key: critic.init(key, obs, action),
-        policy=lambda params, obs: bounds.squash(policy.apply(params, obs)),
-        critic=critic.apply,
+        policy=lambda params, obs: bounds.squash(pure_apply(policy)(params, obs)),
+        critic=pure_apply(critic),
         bounds=bounds,
         action_dim=action_dim,
     )
