@@ -1,8 +1,18 @@
-"""Environments: factories for Gymnasium and gymnax ids, and env specs."""
+"""Environments: the env contract (`EnvFactory`), the registry of env ids (`register`,
+`make_env_factory`), the factories and the specs."""
 
-from trellis.envs.factory import GymnasiumFactory, UnknownEnvError, make_env_factory
+from trellis.envs.contract import EnvFactory, HostEnvFactory, JaxEnvFactory, Players
+from trellis.envs.errors import UnknownEnvError
+from trellis.envs.factory import GymnasiumFactory
 from trellis.envs.gymnax_envs import GymnaxFactory
+from trellis.envs.registry import (
+    EnvRegistryError,
+    make_env_factory,
+    register,
+    register_jax_multi_agent,
+)
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
-__all__ = ["GymnasiumFactory", "EnvSpec", "GymnaxFactory", "UnknownEnvError", "make_env_factory",
-           "spec_from_spaces"]
+__all__ = ["EnvFactory", "EnvRegistryError", "EnvSpec", "GymnasiumFactory", "GymnaxFactory",
+           "HostEnvFactory", "JaxEnvFactory", "Players", "UnknownEnvError", "make_env_factory",
+           "register", "register_jax_multi_agent", "spec_from_spaces"]

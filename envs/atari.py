@@ -26,6 +26,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from trellis.envs.contract import Players
 from trellis.envs.envpool_envs import PREFIX as ENVPOOL_PREFIX
 from trellis.envs.envpool_envs import EnvpoolFactory, _envpool, task_settings
 from trellis.envs.errors import UnknownEnvError
@@ -58,10 +59,13 @@ def envpool_available() -> bool:
 
 
 def atari_factory(env_id: str) -> EnvpoolFactory | AleVectorFactory | None:
-    """The factory of an ALE id ("ALE/NAME-v5"): envpool's task NAME-v5 where envpool is
-    installed and has it, else ALE's own vector env; None for any other id."""
-    if not is_ale_id(env_id):
-        return None
+    """`ale_factory(env_id)` for an ALE id ("ALE/NAME-v5"); None for any other id."""
+    return ale_factory(env_id) if is_ale_id(env_id) else None
+
+
+def ale_factory(env_id: str) -> EnvpoolFactory | AleVectorFactory:
+    """The factory of an ALE id ("ALE/NAME-v5", what the registry maps "ALE/" to): envpool's
+    task NAME-v5 where envpool is installed and has it, else ALE's own vector env."""
     name = env_id[len(ALE_PREFIX):]
     if envpool_available() and name in _envpool().list_all_envs():
         return EnvpoolFactory(ENVPOOL_PREFIX + name,
@@ -125,6 +129,7 @@ class AleVectorFactory:
     options: tuple[tuple[str, Any], ...] = ()
 
     jax_native = False  # Stepped by env workers on the host.
+    players = Players.SINGLE_AGENT
 
     def validate(self) -> None:
         """Raises UnknownEnvError when ale_py is missing or does not register the id."""

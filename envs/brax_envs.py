@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
@@ -31,10 +32,6 @@ EPISODE_LENGTH = 1000
 
 class BraxUnavailableError(UnknownEnvError):
     """brax is not installed."""
-
-
-def is_brax_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 def _brax_envs():
@@ -96,6 +93,7 @@ class BraxFactory:
     episode_length: int = EPISODE_LENGTH
 
     jax_native = True  # Stepped inside jitted code, on the anakin platform only.
+    players = Players.SINGLE_AGENT
 
     @property
     def brax_name(self) -> str:

@@ -36,16 +36,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.specs import GAME_OVER, EnvSpec, spec_from_spaces
 
 PREFIX = "envpool:"
 # Atari options that change what an episode and a reward are (see the module docstring).
 _GAME_EPISODES = {"episodic_life": False, "reward_clip": False}
-
-
-def is_envpool_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 @contextlib.contextmanager
@@ -145,6 +142,7 @@ class EnvpoolFactory:
     options: tuple[tuple[str, Any], ...] = ()  # envpool's own keyword arguments (Atari's).
 
     jax_native = False  # Stepped by env workers on the host.
+    players = Players.SINGLE_AGENT
 
     @property
     def task(self) -> str:

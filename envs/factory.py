@@ -1,4 +1,5 @@
-"""Environment factories for Gymnasium ids.
+"""The env factory for Gymnasium ids, the one an id gets when no other family claims it
+(envs/registry.py).
 
 A factory is a small frozen dataclass, so it pickles cheaply into any node and builds the
 envs where they run (an env worker process), never in the launcher.
@@ -13,17 +14,8 @@ from typing import Any
 import gymnasium as gym
 
 from trellis.envs import cartpole_novel, popgym_envs
-from trellis.envs.atari import AleVectorFactory, atari_factory
-from trellis.envs.brax_envs import BraxFactory, is_brax_id
-from trellis.envs.envpool_envs import EnvpoolFactory, is_envpool_id
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError
-from trellis.envs.gymnax_envs import GymnaxFactory, is_gymnax_id
-from trellis.envs.jaxmarl_envs import JaxMARLFactory, is_jaxmarl_id
-from trellis.envs.minatar_envs import MinatarFactory, is_minatar_id
-from trellis.envs.pettingzoo_envs import PettingZooFactory, is_pettingzoo_id
-from trellis.envs.pgx_envs import PgxFactory, is_pgx_id
-from trellis.envs.playground_envs import PlaygroundFactory, is_playground_id
-from trellis.envs.sleep_env import SleepFactory, is_sleep_id
 from trellis.envs.specs import EnvSpec, vector_spec
 
 # Ids whose packages register on import (MuJoCo ships with gymnasium; ALE ids have their own
@@ -49,42 +41,6 @@ def _adapters(env_id: str) -> list:
     return [adapt for prefix, adapt in _ADAPTERS.items() if env_id.startswith(prefix)]
 
 
-def make_env_factory(env_id: str) -> (GymnasiumFactory | GymnaxFactory | BraxFactory
-                                      | EnvpoolFactory | PgxFactory | PettingZooFactory
-                                      | JaxMARLFactory | PlaygroundFactory | SleepFactory
-                                      | MinatarFactory | AleVectorFactory):
-    """The factory for an id: "gymnax:ID", "brax:NAME" and "playground:NAME" give gymnax's,
-    Brax's and MuJoCo Playground's envs (JAX, for --platform=anakin), "pgx:GAME" pgx's
-    two-player games (JAX, for self-play on anakin),
-    "envpool:ID" batches of envpool's envs for env workers, "minatar:GAME" batches of MinAtar's
-    games for env workers, "pettingzoo:FAMILY/NAME" PettingZoo's
-    parallel multi-agent envs for env workers, "jaxmarl:ID" JaxMARL's multi-agent envs (JAX, for
-    anakin; "warehouses" too), "sleep:MS" envs that only sleep MS ms per step (scaling
-    measurements), "ALE/NAME-v5" Atari games on envpool where it is installed, else ALE's own
-    vector env (envs/atari.py), anything else a Gymnasium id."""
-    if is_gymnax_id(env_id):
-        return GymnaxFactory(env_id)
-    if is_pgx_id(env_id):
-        return PgxFactory(env_id)
-    if is_brax_id(env_id):
-        return BraxFactory(env_id)
-    if is_playground_id(env_id):
-        return PlaygroundFactory(env_id)
-    if is_envpool_id(env_id):
-        return EnvpoolFactory(env_id)
-    if is_minatar_id(env_id):
-        return MinatarFactory(env_id)
-    if is_pettingzoo_id(env_id):
-        return PettingZooFactory(env_id)
-    if is_jaxmarl_id(env_id):
-        return JaxMARLFactory(env_id)
-    if is_sleep_id(env_id):
-        return SleepFactory(env_id)
-    if (atari := atari_factory(env_id)) is not None:
-        return atari
-    return GymnasiumFactory(env_id)
-
-
 @dataclasses.dataclass(frozen=True)
 class GymnasiumFactory:
     """Builds Gymnasium envs for one id.
@@ -98,6 +54,7 @@ class GymnasiumFactory:
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     jax_native = False  # Stepped by env workers on the host, not inside jitted code.
+    players = Players.SINGLE_AGENT
 
     def validate(self) -> None:
         """Raises UnknownEnvError, naming close matches, when the id is not registered, or

@@ -19,6 +19,7 @@ from typing import Any
 
 import gymnasium
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
@@ -27,10 +28,6 @@ PREFIX = "gymnax:"
 
 class GymnaxUnavailableError(UnknownEnvError):
     """gymnax is not installed."""
-
-
-def is_gymnax_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 # What gymnax's envs import at their top only to render: seaborn (with pandas and scipy.stats)
@@ -76,6 +73,7 @@ class GymnaxFactory:
 
     # Which platforms can run it: only the anakin platform steps envs inside jitted code.
     jax_native = True
+    players = Players.SINGLE_AGENT
 
     @property
     def gymnax_id(self) -> str:

@@ -1,10 +1,12 @@
 """Multi-agent envs written in JAX: JaxMARL's (`--env=jaxmarl:MPE_simple_spread_v3`) and
-Trellis's own with JaxMARL's API (`--env=warehouses`, envs/warehouses.py; `_OWN_ENVS`).
+envs of one's own with JaxMARL's API (Trellis's `--env=warehouses`, envs/warehouses.py).
 
 `JaxMARLFactory.make` gives a `jax_multi_agent.MultiAgentJaxEnv` (pure functions in the
 convention of envs/multi_agent.py, for --platform=anakin). JaxMARL's dones do not say why an
 agent is done: they are truncations for the ids whose episodes end only at a time limit (MPE:
-`max_steps`, `_TIME_LIMIT_ONLY`), terminations otherwise.
+`max_steps`, `_TIME_LIMIT_ONLY`), terminations otherwise. An env of one's own is built by its
+factory's `make_env` and says so itself (its `time_limit_only`, False when it has none); give
+it an id with `envs.registry.register_jax_multi_agent`.
 
 Nothing heavy at import time: envs/factory.py imports this module in processes that must not
 load JAX; JaxMARL (the `marl` extra) is imported when an env is built.
@@ -17,21 +19,25 @@ import dataclasses
 import importlib
 import io
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.multi_agent import MultiAgentSpec
 
+if TYPE_CHECKING:  # Its module loads JAX, which env workers importing this one must not.
+    from trellis.envs.jax_multi_agent import MultiAgentJaxEnv
+
 PREFIX = "jaxmarl:"
-# Trellis's own envs with JaxMARL's API, as id: the module whose `make(**kwargs)` builds one.
-_OWN_ENVS = {"warehouses": "trellis.envs.warehouses"}
 # JaxMARL ids whose episodes end only at their time limit: their dones are truncations.
 _TIME_LIMIT_ONLY = ("MPE_",)
 
 
-def is_jaxmarl_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX) or env_id in _OWN_ENVS
+def make_warehouses(**kwargs: Any) -> Any:
+    """envs/warehouses.py's env (its module loads JAX, so it is imported when an env is made,
+    not when the registry names it)."""
+    return importlib.import_module("trellis.envs.warehouses").make(**kwargs)
 
 
 def _jaxmarl():
@@ -60,20 +66,24 @@ def _quiet_import() -> Iterator[None]:
 
 @dataclasses.dataclass(frozen=True)
 class JaxMARLFactory:
-    """Builds JaxMARL's envs, or Trellis's own with its API, for one id.
+    """Builds JaxMARL's envs, or envs of one's own with its API, for one id.
 
     Attributes:
-      env_id: "jaxmarl:" and a JaxMARL id, e.g. "jaxmarl:MPE_simple_spread_v3", or one of
-        `_OWN_ENVS` ("warehouses").
-      kwargs: keyword arguments of `jaxmarl.make` (or the own env's `make`), e.g.
+      env_id: "jaxmarl:" and a JaxMARL id, e.g. "jaxmarl:MPE_simple_spread_v3", or the id of
+        an env of one's own (e.g. "warehouses").
+      kwargs: keyword arguments of `jaxmarl.make` (or of `make_env`), e.g.
         (("num_agents", 4),).
+      make_env: for an env of one's own, what builds it from `kwargs`: an object with
+        JaxMARL's `MultiAgentEnv` API (jax_multi_agent.MultiAgentJaxEnv lists it). None:
+        JaxMARL's env `env_id` names.
     """
 
     env_id: str
     kwargs: tuple[tuple[str, Any], ...] = ()
+    make_env: Callable[..., Any] | None = None
 
     jax_native = True  # Steps inside jitted code: --platform=anakin.
-    multi_agent = True  # Its spec is a MultiAgentSpec (envs/multi_agent.py).
+    players = Players.MULTI_AGENT  # Its spec is a MultiAgentSpec (envs/multi_agent.py).
 
     @property
     def jaxmarl_id(self) -> str:
@@ -81,18 +91,18 @@ class JaxMARLFactory:
 
     def validate(self) -> None:
         """Raises UnknownEnvError (naming close matches) for an id JaxMARL does not register."""
-        if self.env_id not in _OWN_ENVS:
+        if self.make_env is None:
             check_registered(PREFIX, self.jaxmarl_id, _jaxmarl().registered_envs,
                              "a JaxMARL id")
 
-    def make(self):
+    def make(self) -> MultiAgentJaxEnv:
         """The env as a `jax_multi_agent.MultiAgentJaxEnv` (JAX loaded here, not at import)."""
         from trellis.envs.jax_multi_agent import MultiAgentJaxEnv
 
         self.validate()
-        if self.env_id in _OWN_ENVS:
-            env = importlib.import_module(_OWN_ENVS[self.env_id]).make(**dict(self.kwargs))
-            return MultiAgentJaxEnv(env, env.time_limit_only)
+        if self.make_env is not None:
+            env = self.make_env(**dict(self.kwargs))
+            return MultiAgentJaxEnv(env, bool(getattr(env, "time_limit_only", False)))
         env = _jaxmarl().make(self.jaxmarl_id, **dict(self.kwargs))
         return MultiAgentJaxEnv(env, self.jaxmarl_id.startswith(_TIME_LIMIT_ONLY))
 

@@ -26,6 +26,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.specs import EnvSpec, vector_spec
 
@@ -36,10 +37,6 @@ GAMES = {"Asterix": "asterix", "Breakout": "breakout", "Freeway": "freeway",
 # What minatar's package imports at its top only to draw a game: seaborn and pyplot take about
 # 1.9 s of each env worker's start, and Trellis never draws a MinAtar game.
 _DRAWING_ONLY = ("seaborn", "matplotlib.pyplot")
-
-
-def is_minatar_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 def _minatar() -> Any:
@@ -138,6 +135,7 @@ class MinatarFactory:
     max_episode_steps: int = 100_000
 
     jax_native = False  # Stepped by env workers on the host.
+    players = Players.SINGLE_AGENT
 
     @property
     def game(self) -> str:

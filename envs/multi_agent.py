@@ -35,13 +35,13 @@ that env, ignores the actions and gives the new episode's first step.
 Actions are {agent: [N, *action_shape]} in the dtype of the agent's EnvSpec; every agent id is
 present (a masked agent's action is ignored).
 
-A multi-agent env factory (like the single-agent ones of envs/factory.py: a small frozen,
-picklable dataclass with `env_id`, `validate()` and `jax_native`) has `multi_agent = True` and
-`spec() -> MultiAgentSpec`; the session refuses a single-agent agent on it, and the reverse
-(`Capabilities.multi_agent`, builders/experiments/session.check_supported). A JAX one's
-`make()` gives an env with pure `reset(key) -> (state, MultiAgentStep)` and
-`step(key, state, actions) -> (state, MultiAgentStep)` for one env (unbatched: the fields
-without the env axis), vmapped and scanned by the anakin program.
+A multi-agent env factory (an envs/contract.EnvFactory, like the single-agent ones) declares
+`players = Players.MULTI_AGENT` and gives `spec() -> MultiAgentSpec`; the session refuses a
+single-agent agent on it, and the reverse (`Capabilities.multi_agent`,
+builders/experiments/session.check_supported). A JAX one's `make()` gives an env with pure
+`reset(key) -> (state, MultiAgentStep)` and `step(key, state, actions) -> (state,
+MultiAgentStep)` for one env (unbatched: the fields without the env axis), vmapped and scanned
+by the anakin program; `envs.registry.register_jax_multi_agent` gives an id to one of your own.
 
 Which agent acts with which policy is the policy mapping's concern
 (builders/contract/policy_mapping.py), not the env's.

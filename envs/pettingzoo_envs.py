@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
 from trellis.envs.specs import EnvSpec, spec_from_spaces
@@ -36,10 +37,6 @@ PREFIX = "pettingzoo:"
 # Where each family's modules live: mpe2 is its own package, the others are PettingZoo's.
 _PACKAGES = {"mpe2": "mpe2", "atari": "pettingzoo.atari", "butterfly": "pettingzoo.butterfly",
              "classic": "pettingzoo.classic", "sisl": "pettingzoo.sisl"}
-
-
-def is_pettingzoo_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 def _family_envs(package: str) -> list[str]:
@@ -103,7 +100,7 @@ class PettingZooFactory:
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     jax_native = False  # Stepped by env workers on the host.
-    multi_agent = True
+    players = Players.MULTI_AGENT
 
     @property
     def _family_name(self) -> tuple[str, str]:

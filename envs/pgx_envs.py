@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec
 
@@ -22,10 +23,6 @@ PREFIX = "pgx:"
 
 class PgxUnavailableError(UnknownEnvError):
     """pgx is not installed."""
-
-
-def is_pgx_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 def _pgx():
@@ -50,7 +47,7 @@ class PgxFactory:
     # Stepped inside jitted code (--platform=anakin), and a game of two players taking turns,
     # which only self-play agents learn from (`builders.experiments.session.check_supported`).
     jax_native = True
-    two_player_game = True
+    players = Players.TWO_PLAYER_GAME
 
     @property
     def game_id(self) -> str:

@@ -30,6 +30,7 @@ import gymnasium
 import numpy as np
 
 from trellis.envs.brax_envs import EpisodeLimit, GymnaxView
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
@@ -38,10 +39,6 @@ PREFIX = "playground:"
 
 class PlaygroundUnavailableError(UnknownEnvError):
     """playground is not installed."""
-
-
-def is_playground_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 def _registry():
@@ -93,6 +90,7 @@ class PlaygroundFactory:
     env_id: str
 
     jax_native = True  # Stepped inside jitted code, on the anakin platform only.
+    players = Players.SINGLE_AGENT
 
     @property
     def name(self) -> str:

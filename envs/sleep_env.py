@@ -20,6 +20,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
+from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
@@ -27,10 +28,6 @@ PREFIX = "sleep:"
 EPISODE_LENGTH = 100
 _OBSERVATION = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 _ACTION = gym.spaces.Discrete(2)
-
-
-def is_sleep_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 class SleepVector:
@@ -76,6 +73,7 @@ class SleepFactory:
     env_id: str
 
     jax_native = False  # Stepped by env workers on the host.
+    players = Players.SINGLE_AGENT
 
     @property
     def sleep_ms(self) -> float:

@@ -9,8 +9,8 @@ import pytest
 from mpe2 import simple_spread_v3
 from pettingzoo import ParallelEnv
 
+from trellis.envs import Players, make_env_factory
 from trellis.envs.errors import UnknownEnvError
-from trellis.envs.factory import make_env_factory
 from trellis.envs.multi_agent import episode_done
 from trellis.envs.pettingzoo_envs import PettingZooFactory, PettingZooVector, parallel_spec
 
@@ -124,7 +124,7 @@ def test_agents_that_finish_early_are_masked_not_removed():
 
 def test_ids_resolve_and_bad_ids_name_close_matches():
     factory = make_env_factory(SPREAD)
-    assert isinstance(factory, PettingZooFactory) and factory.multi_agent
+    assert isinstance(factory, PettingZooFactory) and factory.players is Players.MULTI_AGENT
     pursuit = make_env_factory("pettingzoo:sisl/pursuit_v5").spec()
     assert pursuit.num_agents == 8 and pursuit.specs["pursuer_0"].num_actions == 5
     with pytest.raises(UnknownEnvError, match="Did you mean: pettingzoo:mpe2/simple_spread_v3"):

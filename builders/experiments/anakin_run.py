@@ -39,6 +39,7 @@ from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import PopulationSettings
 from trellis.builders.experiments.stop import SIGNAL, StopRule
 from trellis.builders.experiments.xla_flags import xla_flags_unless_set
+from trellis.envs.contract import Players, is_jax
 from trellis.envs.jax_multi_agent import TeamEnv
 
 
@@ -86,7 +87,7 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
         learner does not learn from unrolls directly (replay agents), or unknown
         hyper-parameter names.
     """
-    if not getattr(env_factory, "jax_native", False):
+    if not is_jax(env_factory):
         raise AnakinError(f"--platform=anakin needs an env written in JAX, e.g. "
                           f"gymnax:CartPole-v1; {env_factory.env_id!r} is a Gymnasium id "
                           "(use --platform=local_mp for it)")
@@ -105,7 +106,7 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
     # update constrains its minibatches over the whole mesh.
     update = training.make_update(None if shards_members(num_members, mesh) else mesh)
     env = env_factory.make()
-    if getattr(env_factory, "multi_agent", False):  # Stepped as one env with the team's reward.
+    if env_factory.players is Players.MULTI_AGENT:  # Stepped as one env: the team's reward.
         env = TeamEnv(env)
     replay = (ReplaySettings.of(config) if builder.capabilities.learns_from == REPLAY
               else None)

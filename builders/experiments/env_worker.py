@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from trellis.builders.contract.agent import ArraySpec
-from trellis.envs.factory import GymnasiumFactory
+from trellis.envs.contract import HostEnvFactory
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep, episode_done
 from trellis.envs.specs import GAME_OVER, EnvSpec
 from trellis.launch import runtime
@@ -300,7 +300,7 @@ class EnvWorker:
 
     def __init__(
         self,
-        env_factory: GymnasiumFactory,
+        env_factory: HostEnvFactory,
         inference: Any,
         worker_id: int,
         num_envs: int,

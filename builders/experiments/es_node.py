@@ -34,7 +34,7 @@ from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepR
 from trellis.builders.experiments.env_worker import drawn_seed
 from trellis.builders.experiments.evaluation import Evaluator
 from trellis.builders.experiments.stop import StopRule
-from trellis.envs.factory import GymnasiumFactory
+from trellis.envs.contract import EnvFactory, HostEnvFactory
 from trellis.launch import runtime
 
 # Told generations' fitnesses kept for workers still to fetch them (one behind at most: the
@@ -111,7 +111,7 @@ class ESLearnerNode:
       stop_rule: asked after every generation (default: the config's).
     """
 
-    def __init__(self, builder: Builder, env_factory: GymnasiumFactory, config: ExperimentConfig,
+    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
                  checkpoints: Checkpoints | None = None, stop_rule: StopRule | None = None):
         spec = env_factory.spec()
         self._learner: Any = builder.make_learner(builder.make_networks(spec), spec,
@@ -279,7 +279,7 @@ class ESWorker:
         (seed + generation would replay all but one of the previous generation's starts).
     """
 
-    def __init__(self, builder: Builder, env_factory: GymnasiumFactory, learner: Any,
+    def __init__(self, builder: Builder, env_factory: HostEnvFactory, learner: Any,
                  worker_id: int, num_workers: int, seed: int):
         self._builder = builder
         self._factory = env_factory
@@ -326,7 +326,7 @@ class ESWorker:
                 envs.close()
 
 
-def make_es_program(builder: Builder, env_factory: GymnasiumFactory, config: ExperimentConfig,
+def make_es_program(builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
                     name: str = "es", checkpoints: Checkpoints | None = None,
                     stop_rule: StopRule | None = None) -> runtime.Program:
     """The ES graph: one learner node, `num_actors` env workers, and an evaluator with

@@ -27,6 +27,7 @@ from trellis.builders.experiments.execution import Ending, Execution, Report
 from trellis.builders.experiments.platforms import Platform, PopulationSettings
 from trellis.builders.experiments.program_run import ProgramRun
 from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.envs.contract import is_jax
 
 # The episodes' draws (resets, env steps) come from the generation's key folded with this:
 # apart from the noise drawn from the same key.
@@ -130,7 +131,7 @@ class ESAnakinRun:
                  resume: tuple[int, Mapping[str, Any]] | None):
         # The session's clock starts with the process: imports and compilation count.
         self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
-        if not getattr(env_factory, "jax_native", False):
+        if not is_jax(env_factory):
             raise AnakinError(f"--platform=anakin needs an env written in JAX, e.g. "
                               f"gymnax:CartPole-v1; {env_factory.env_id!r} is a Gymnasium id")
         if settings.num_seeds != 1 or settings.hparams or settings.pbt is not None:

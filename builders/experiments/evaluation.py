@@ -11,7 +11,7 @@ import numpy as np
 
 from trellis.builders.contract.agent import Builder, Policy
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.envs.factory import GymnasiumFactory
+from trellis.envs.contract import HostEnvFactory
 from trellis.envs.multi_agent import MultiAgentStep, episode_done
 from trellis.launch import runtime
 
@@ -100,7 +100,7 @@ class Evaluator:
       config: `eval_every`, `eval_episodes`, `seed`.
     """
 
-    def __init__(self, builder: Builder, env_factory: GymnasiumFactory, learner: Any,
+    def __init__(self, builder: Builder, env_factory: HostEnvFactory, learner: Any,
                  config: ExperimentConfig):
         self._builder = builder
         self._factory = env_factory

@@ -39,7 +39,7 @@ from trellis.builders.experiments.feeds import (
 from trellis.builders.experiments.inference import InferenceServer, agent_step_specs, step_specs
 from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_signature
-from trellis.envs.factory import GymnasiumFactory
+from trellis.envs.contract import EnvFactory
 from trellis.launch import runtime
 from trellis.reverb_tables import ReplayClient
 
@@ -217,7 +217,7 @@ class LearnerNode:
       checkpoints: where to checkpoint and what to resume from; None: no checkpoints.
     """
 
-    def __init__(self, builder: Builder, env_factory: GymnasiumFactory, config: ExperimentConfig,
+    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
                  replay: Any = None, checkpoints: Checkpoints | None = None,
                  stop_rule: StopRule | None = None):
         self._config = config

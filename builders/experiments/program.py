@@ -12,14 +12,14 @@ from trellis.builders.experiments.inference import agent_step_specs
 from trellis.builders.experiments.learner_node import LearnerNode
 from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_table_spec
-from trellis.envs.factory import GymnasiumFactory
+from trellis.envs.contract import EnvFactory
 from trellis.launch import runtime
 from trellis.reverb_tables import ReplayNode
 
 
 def make_program(
     builder: Builder,
-    env_factory: GymnasiumFactory,
+    env_factory: EnvFactory,
     config: ExperimentConfig,
     name: str = "trellis",
     checkpoints: Checkpoints | None = None,

@@ -26,7 +26,7 @@ from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import HostPlatform
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.stop import StopRule
-from trellis.envs.factory import GymnasiumFactory
+from trellis.envs.contract import EnvFactory
 from trellis.launch import runtime
 
 
@@ -48,7 +48,7 @@ class ProgramRun:
         `make_training(...).init` makes (the learner node's).
     """
 
-    def __init__(self, builder: Builder, env_factory: GymnasiumFactory, config: ExperimentConfig,
+    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
                  run_dir: str, platform: HostPlatform, stop_rule: StopRule,
                  resume_step: int | None, make: Callable[..., runtime.Program] = make_program):
         if resume_step is not None:
@@ -57,7 +57,7 @@ class ProgramRun:
             init = builder.make_training(builder.make_networks(spec), spec).init
             check_resumable(run_dir, resume_step,
                             jax.eval_shape(init, jax.random.PRNGKey(config.seed)))
-        name = getattr(env_factory, "env_id", "env")
+        name = env_factory.env_id
         self._program = make(
             builder, env_factory, config, name=f"{type(builder).__name__}-{name}",
             checkpoints=Checkpoints(checkpoint_dir(run_dir), resume_step), stop_rule=stop_rule)

@@ -61,7 +61,7 @@ from trellis.builders.experiments.rundir import (
     write_json,
 )
 from trellis.builders.experiments.stop import StopRule
-from trellis.envs.factory import GymnasiumFactory
+from trellis.envs.contract import EnvFactory, Players
 from trellis.launch.runtime.launcher import STOP_SIGNALS
 
 # How long the session waits for a report at most, and by what factor env steps grow between
@@ -106,15 +106,15 @@ class Summary:
         return record
 
 
-def check_supported(builder: Builder, platform: str, env_factory: Any = None) -> None:
+def check_supported(builder: Builder, platform: str, env_factory: EnvFactory) -> None:
     """Raises UnsupportedError when the agent's capabilities do not cover `platform`, or the
-    env (a multi-agent factory has `multi_agent = True`, envs/multi_agent.py; a two-player
-    game `two_player_game = True`, envs/pgx_envs.py, for self-play agents only)."""
+    env: who acts in it, as its factory declares (`players`, envs/contract.py): multi-agent
+    envs are for multi-agent agents only, two-player games for self-play agents only."""
     capabilities = builder.capabilities
     name = type(builder).__name__
-    multi_agent_env = bool(getattr(env_factory, "multi_agent", False))
-    if env_factory is not None and multi_agent_env != capabilities.multi_agent:
-        env = getattr(env_factory, "env_id", repr(env_factory))
+    env = env_factory.env_id
+    multi_agent_env = env_factory.players is Players.MULTI_AGENT
+    if multi_agent_env != capabilities.multi_agent:
         raise UnsupportedError(
             f"{env} is a multi-agent env and {name} a single-agent agent (use --agent=ippo or "
             "mappo)" if multi_agent_env else
@@ -125,19 +125,16 @@ def check_supported(builder: Builder, platform: str, env_factory: Any = None) ->
         # that does not fit them (a pattern matching no agent, agents of different spaces on
         # one policy) raises PolicyMappingError here, in one line, before any node starts.
         builder.make_networks(env_factory.spec())
-    game = bool(getattr(env_factory, "two_player_game", False))
-    if env_factory is not None and game != (capabilities.learns_from == SELF_PLAY):
-        env = getattr(env_factory, "env_id", repr(env_factory))
+    game = env_factory.players is Players.TWO_PLAYER_GAME
+    if game != (capabilities.learns_from == SELF_PLAY):
         raise UnsupportedError(
             f"{env} is a two-player game, which {name} does not learn (use --agent=alphazero)"
             if game else f"{name} learns by self-play in two-player games, e.g. "
             f"--env=pgx:tic_tac_toe; {env} is not one")
-    if (capabilities.learns_from == EPISODES and env_factory is not None
-            and env_factory.spec().pixels):
+    if capabilities.learns_from == EPISODES and env_factory.spec().pixels:
         raise UnsupportedError(
-            f"{name} evolves an MLP on vector observations; "
-            f"{getattr(env_factory, 'env_id', env_factory)} gives images (use an agent with a "
-            "conv torso, e.g. --agent=impala)")
+            f"{name} evolves an MLP on vector observations; {env} gives images (use an agent "
+            "with a conv torso, e.g. --agent=impala)")
     if platform == ANAKIN and capabilities.recurrent:
         raise UnsupportedError(
             f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
@@ -288,7 +285,7 @@ class Session:
             error=ending.error)
 
 
-def _gradient_execution(builder: Builder, env_factory: GymnasiumFactory, config: ExperimentConfig,
+def _gradient_execution(builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
                         run_dir: str, settings: Platform,
                         resume_from: tuple[int, Mapping[str, Any]] | None,
                         quiet: bool) -> Execution:
@@ -315,7 +312,7 @@ EXECUTIONS: dict[str, Callable[..., Execution]] = {
 
 def run_experiment(
     builder: Builder,
-    env_factory: GymnasiumFactory,
+    env_factory: EnvFactory,
     config: ExperimentConfig,
     run_dir: str,
     *,
@@ -331,7 +328,7 @@ def run_experiment(
 
     Args:
       builder: the agent (builders.contract.agent.Builder).
-      env_factory: envs.GymnasiumFactory.
+      env_factory: the env's factory (envs.EnvFactory, e.g. `envs.make_env_factory(ID)`).
       config: the experiment settings; checkpoints go to RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
       platform: "local_mt", "local_mp", "ray" or "anakin", or a platform's typed settings
@@ -362,7 +359,7 @@ def run_experiment(
     os.makedirs(run_dir, exist_ok=True)
     resume_from = latest_checkpoint(run_dir) if resume else None  # Errors before anything.
     resume_progress = resume_from[1] if resume_from else None
-    options = options or {"env": getattr(env_factory, "env_id", repr(env_factory))}
+    options = options or {"env": env_factory.env_id}
     session = Session(config, run_dir, quiet=quiet, resume_progress=resume_progress,
                       extra_metrics=extra_metrics, on_stats=on_stats)
     execution = EXECUTIONS[builder.capabilities.learns_from](
@@ -372,7 +369,7 @@ def run_experiment(
     _write_config(run_dir, builder, config, options, argv,
                   None if resume_progress is None else resume_progress["env_steps"])
     summary = session.run(execution, agent=options.get("agent", type(builder).__name__),
-                          platform=name, env=getattr(env_factory, "env_id", "env"))
+                          platform=name, env=env_factory.env_id)
     return finish_run_dir(run_dir, summary.as_json())
 
 
