@@ -52,6 +52,14 @@ def _environment(name: str) -> Any:
     return _brax_envs().get_environment(name)
 
 
+def physics_spec(env: Any) -> EnvSpec:
+    """The spec of an env with Brax's API (Brax's, Playground's): `observation_size` floats
+    observed, `action_size` actions in [-1, 1]."""
+    observations = gymnasium.spaces.Box(-np.inf, np.inf, (env.observation_size,), np.float32)
+    actions = gymnasium.spaces.Box(-1.0, 1.0, (env.action_size,), np.float32)
+    return spec_from_spaces(observations, actions)
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeLimit:
     """The one env parameter `GymnaxView` reads, as gymnax names it."""
@@ -115,10 +123,7 @@ class BraxFactory:
 
     def spec(self) -> EnvSpec:
         self.validate()
-        env = _environment(self.brax_name)
-        observations = gymnasium.spaces.Box(-np.inf, np.inf, (env.observation_size,), np.float32)
-        actions = gymnasium.spaces.Box(-1.0, 1.0, (env.action_size,), np.float32)
-        return spec_from_spaces(observations, actions)
+        return physics_spec(_environment(self.brax_name))
 
     def reward_threshold(self) -> float | None:
         """None: Brax's tasks declare no solved return."""

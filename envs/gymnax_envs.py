@@ -15,13 +15,16 @@ import dataclasses
 import importlib
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 
 from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec, spec_from_spaces
+
+if TYPE_CHECKING:  # Its module loads JAX, which env workers importing this one must not.
+    from trellis.envs.jax_env import JaxEnv
 
 PREFIX = "gymnax:"
 
@@ -59,6 +62,18 @@ def _gymnax():
     return gymnax
 
 
+def _param_names(params: Any) -> list[str]:
+    return [field.name for field in dataclasses.fields(params)]
+
+
+def gymnax_spec(env: JaxEnv) -> EnvSpec:
+    """The spec of a gymnax env (or one with its API) as for a Gymnasium env, from its
+    spaces converted to Gymnasium's."""
+    convert = _gymnax().environments.spaces.gymnax_space_to_gym_space
+    return spec_from_spaces(convert(env.env.observation_space(env.params)),
+                            convert(env.env.action_space(env.params)))
+
+
 @dataclasses.dataclass(frozen=True)
 class GymnaxFactory:
     """Builds gymnax envs for one id.
@@ -80,9 +95,15 @@ class GymnaxFactory:
         return self.env_id[len(PREFIX):]
 
     def validate(self) -> None:
-        """Raises UnknownEnvError (naming close matches) for an id gymnax does not register,
-        GymnaxUnavailableError when gymnax is not installed."""
+        """Raises UnknownEnvError (naming close matches) for an id gymnax does not register
+        or params it does not have, GymnaxUnavailableError when gymnax is not installed."""
         check_registered(PREFIX, self.gymnax_id, _gymnax().registered_envs, "a gymnax id")
+        if self.params:
+            known = _param_names(_gymnax().make(self.gymnax_id)[1])
+            unknown = sorted(set(dict(self.params)) - set(known))
+            if unknown:
+                raise UnknownEnvError(f"{self.env_id} has no env param {', '.join(unknown)}; "
+                                      f"its params: {', '.join(known)}")
 
     def make(self):
         """The env as a `jax_env.JaxEnv` (JAX loaded here, not at import time)."""
@@ -94,10 +115,7 @@ class GymnaxFactory:
 
     def spec(self) -> EnvSpec:
         """The spec as for a Gymnasium env, from gymnax's spaces converted to Gymnasium's."""
-        jax_env = self.make()
-        convert = _gymnax().environments.spaces.gymnax_space_to_gym_space
-        return spec_from_spaces(convert(jax_env.env.observation_space(jax_env.params)),
-                                convert(jax_env.env.action_space(jax_env.params)))
+        return gymnax_spec(self.make())
 
     def reward_threshold(self) -> float | None:
         """The Gymnasium reward_threshold of the same-named Gymnasium id (475 for

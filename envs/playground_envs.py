@@ -26,13 +26,10 @@ import functools
 import io
 from typing import Any
 
-import gymnasium
-import numpy as np
-
-from trellis.envs.brax_envs import EpisodeLimit, GymnaxView
+from trellis.envs.brax_envs import EpisodeLimit, GymnaxView, physics_spec
 from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
-from trellis.envs.specs import EnvSpec, spec_from_spaces
+from trellis.envs.specs import EnvSpec
 
 PREFIX = "playground:"
 
@@ -111,10 +108,7 @@ class PlaygroundFactory:
 
     def spec(self) -> EnvSpec:
         self.validate()
-        env, _ = _environment(self.name)
-        observations = gymnasium.spaces.Box(-np.inf, np.inf, (env.observation_size,), np.float32)
-        actions = gymnasium.spaces.Box(-1.0, 1.0, (env.action_size,), np.float32)
-        return spec_from_spaces(observations, actions)
+        return physics_spec(_environment(self.name)[0])
 
     def reward_threshold(self) -> float | None:
         """None: Playground's tasks declare no solved return."""

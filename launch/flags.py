@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -44,9 +45,10 @@ from trellis.builders.experiments.rundir import (
     EXPERIMENT,
     RUN_RECORD,
 )
-from trellis.envs import UnknownEnvError, make_env_factory
+from trellis.envs import EnvFactory, UnknownEnvError, make_env_factory
 from trellis.envs.atari import is_atari_factory
 from trellis.envs.atari import with_settings as with_atari_settings
+from trellis.envs.options import KWARGS_FAMILIES, with_env_options
 from trellis.launch.runtime import PLATFORMS
 from trellis.reverb_tables import reverb_available
 
@@ -72,7 +74,15 @@ class RunOptions(Config):
     """The command line's own options (neither the experiment's nor the agent's)."""
 
     agent: str = setting("impala", "the agent to train", choices=sorted(AGENTS))
-    env: str = setting("CartPole-v1", "a Gymnasium id")
+    env: str = setting(
+        "CartPole-v1", "the env's id: a Gymnasium id (MODULE:ID imports MODULE first, in every "
+        "process), or a family's, e.g. gymnax:CartPole-v1")
+    env_kwargs: str | None = setting(
+        None, "keyword arguments of the env: a JSON object or KEY=VALUE,... (each VALUE read as "
+        f"JSON where it parses, else as a string), for {KWARGS_FAMILIES}")
+    env_wrappers: tuple[str, ...] | None = setting(
+        None, "Gymnasium envs: MODULE:NAME,... of callables that take an env and return one, "
+        "applied in order to every env, in every process")
     platform: str = setting(
         "local_mp", "where the nodes run: threads, local processes or Ray; anakin: one jitted "
         "program for JAX envs (docs/anakin.md)", choices=(*PLATFORMS, ANAKIN))
@@ -176,7 +186,8 @@ class RunSettings:
             raise ValueError("--replay_backend=reverb needs dm-reverb, which is not installed "
                              "here (`make test-reverb` builds .venv-reverb with it); use native")
         builder = agent_module(self.options.agent).Builder(self.agent)
-        return builder, with_atari_settings(make_env_factory(self.options.env),
+        o = self.options
+        return builder, with_atari_settings(env_factory(o.env, o.env_kwargs, o.env_wrappers),
                                             self.atari.given())
 
     def platform(self) -> HostPlatform | PopulationSettings:
@@ -310,6 +321,53 @@ def _scalar(s: Setting, text: str) -> Any:
         return s.kind(text)
     except ValueError:
         raise UsageError(f"--{s.name} must be {_requirement(s)}, got {text!r}") from None
+
+
+# A --env_kwargs item's start: a comma before KEY= ends the item before it (so that a JSON
+# VALUE may hold commas: sizes=[64,64],gravity=9.8).
+_NEXT_KWARG = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
+ENV_KWARGS = "a JSON object or KEY=VALUE,..."
+
+
+def env_kwargs(text: str | None) -> dict[str, Any]:
+    """`--env_kwargs` as {name: value}: a JSON object, or KEY=VALUE,... with each VALUE read
+    as JSON where it parses (5, 0.5, true, [1, 2], "a b"), else as the string it is.
+
+    Raises:
+      UsageError: the text is neither.
+    """
+    if text is None:
+        return {}
+    error = UsageError(f"--env_kwargs must be {ENV_KWARGS}, got {text!r}")
+    if text.lstrip().startswith("{"):
+        try:
+            kwargs = json.loads(text)
+        except ValueError:
+            raise error from None
+        if not isinstance(kwargs, dict):
+            raise error
+        return kwargs
+    out: dict[str, Any] = {}
+    for item in _NEXT_KWARG.split(text):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not equals or not key.isidentifier():
+            raise error
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def env_factory(env: str, kwargs: str | None = None,
+                wrappers: Sequence[str] | None = None) -> EnvFactory:
+    """The factory of `--env`, with `--env_kwargs` and `--env_wrappers` (not validated).
+
+    Raises:
+      UsageError: bad --env_kwargs text.
+      UnknownEnvError: an env family that takes no such options.
+    """
+    return with_env_options(make_env_factory(env), env_kwargs(kwargs), tuple(wrappers or ()))
 
 
 def member_search(text: str | None) -> dict[str, Dimension]:
@@ -455,7 +513,8 @@ def _saved(run_dir: str) -> dict[str, Any]:
 def _build(values: dict[str, Any], origin: dict[str, str], agent_config: type) -> RunSettings:
     """The three configs from values by name; a ConfigError names where the value came from."""
     if values.get("stop_at_return") == AUTO:
-        values["stop_at_return"] = make_env_factory(values["env"]).reward_threshold()
+        values["stop_at_return"] = env_factory(
+            values["env"], values.get("env_kwargs"), values.get("env_wrappers")).reward_threshold()
     try:
         built = [cls(**{s.name: values[s.name] for s in settings(cls) if s.name in values})
                  for cls in _classes(agent_config)]
@@ -518,21 +577,21 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     origin.update(dict.fromkeys(given, "--"))
     values = {"env": RunOptions.env, "stop_at_return": AUTO, **defaults, **base, **given}
     try:
-        env_factory = make_env_factory(values["env"])
-        env_factory.validate()
+        factory = env_factory(values["env"], values.get("env_kwargs"), values.get("env_wrappers"))
+        factory.validate()
     except UnknownEnvError as e:
         raise UsageError(str(e)) from None
     atari = sorted(s.name for s in settings(AtariConfig) if values.get(s.name) is not None)
-    if atari and not is_atari_factory(env_factory):
+    if atari and not is_atari_factory(factory):
         preset = values.get("preset")
         what = (f"--preset={preset} is" if preset is not None
                 else f"the Atari settings ({', '.join(atari)}) are")
         raise UsageError(f"{what} for Atari envs (ALE/NAME-v5, envpool:NAME-v5), not "
                          f"--env={values['env']}")
-    if env_factory.jax_native and platform != ANAKIN:
+    if factory.jax_native and platform != ANAKIN:
         raise UsageError(f"--env={values['env']} is written in JAX: it runs with "
                          f"--platform={ANAKIN}, not {platform}")
-    if platform == ANAKIN and not env_factory.jax_native:
+    if platform == ANAKIN and not factory.jax_native:
         raise UsageError(f"--platform={ANAKIN} needs an env written in JAX, e.g. "
                          f"--env=gymnax:CartPole-v1; {values['env']!r} is a Gymnasium id")
     run = _build(values, origin, agent_config)

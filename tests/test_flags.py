@@ -20,7 +20,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPTIONS_TESTED_ELSEWHERE = {"agent", "config", "resume", "ray_address", "logdir",
                             "num_seeds", "member_hparams",  # Anakin only: test_anakin.
                             "pbt",  # Anakin only: test_pbt_anakin.
-                            "preset"}  # Needs an Atari env: test_atari_presets.
+                            "preset",  # Needs an Atari env: test_atari_presets.
+                            "env_kwargs", "env_wrappers"}  # test_user_envs.
 
 
 def _other_value(s):

@@ -62,6 +62,7 @@ from trellis.builders.experiments.rundir import (
 )
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.contract import EnvFactory, Players
+from trellis.envs.objects import as_env_factory
 from trellis.launch.runtime.launcher import STOP_SIGNALS
 
 # How long the session waits for a report at most, and by what factor env steps grow between
@@ -312,7 +313,7 @@ EXECUTIONS: dict[str, Callable[..., Execution]] = {
 
 def run_experiment(
     builder: Builder,
-    env_factory: EnvFactory,
+    env_factory: EnvFactory | object,
     config: ExperimentConfig,
     run_dir: str,
     *,
@@ -328,7 +329,9 @@ def run_experiment(
 
     Args:
       builder: the agent (builders.contract.agent.Builder).
-      env_factory: the env's factory (envs.EnvFactory, e.g. `envs.make_env_factory(ID)`).
+      env_factory: the env's factory (envs.EnvFactory, e.g. `envs.make_env_factory(ID)`), or
+        what `envs.as_env_factory` makes one of: an env id, a Gymnasium env constructor, a
+        gymnax, Brax, Playground or JaxMARL-API env object.
       config: the experiment settings; checkpoints go to RUN_DIR/checkpoints.
       run_dir: the run directory (created if missing).
       platform: "local_mt", "local_mp", "ray" or "anakin", or a platform's typed settings
@@ -351,7 +354,9 @@ def run_experiment(
       UnsupportedError: the agent cannot run on this platform (one line).
       builders.experiments.anakin_run.AnakinError: the env or hyper-parameters do not fit
         the anakin platform.
+      TypeError: `env_factory` is neither a factory nor what `envs.as_env_factory` takes.
     """
+    env_factory = as_env_factory(env_factory)
     settings = platform_settings(platform)
     name = platform_name(settings)
     check_supported(builder, name, env_factory)
