@@ -131,7 +131,7 @@ def small_ppo_anakin(return_window: int):
     anakin = Anakin(env=factory.make(), policy=builder.make_policy(networks), init=training.init,
                     update=training.make_update(learner.mesh), initial_state={},
                     num_envs=SMALL_PPO.batch_size, unroll_length=SMALL_PPO.unroll_length,
-                    return_window=return_window)
+                    return_window=return_window, hparams=training.hparams)
     return anakin, learner
 
 

@@ -171,7 +171,7 @@ def _host_generations(hidden, population, generations, monkeypatch):
         calls.append((name, _size(rpc._dumps((name, args, kwargs))),
                       _size(rpc._dumps(("ok", value)))))
         if name == "fitness" and value is not None:
-            told[args[0]] = np.asarray(value)
+            told[args[0]] = np.asarray(value.fitness)
         return value
 
     monkeypatch.setattr(rpc.TcpClient, "_call", counting_call)

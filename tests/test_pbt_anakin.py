@@ -17,7 +17,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from tests.test_anakin import CARTPOLE, small_ppo_anakin  # noqa: E402
-from trellis.agents.common import get_hparams, set_hparams  # noqa: E402
+from trellis.agents.common import STATE_HPARAMS, get_hparams, set_hparams  # noqa: E402
 from trellis.builders.experiments import anakin as anakin_module  # noqa: E402
 from trellis.builders.experiments.anakin import (  # noqa: E402
     Episodes,
@@ -95,7 +95,8 @@ def test_exploit_copies_the_donors_state_exactly(population4):
     times 0.8 or 1.2; the other members are unchanged."""
     population = population4
     pbt = _pbt(pbt_quantile=0.25, pbt_resample_probability=0.0)
-    train, episodes, event = jax.jit(functools.partial(exploit_and_explore, pbt=pbt))(
+    train, episodes, event = jax.jit(functools.partial(exploit_and_explore, pbt=pbt,
+                                                       hparams=STATE_HPARAMS))(
         population.train, population.episodes, jax.random.key(1))
     np.testing.assert_array_equal(event.donor, [0, 1, 3, 3])
     np.testing.assert_allclose(event.score, [10.0, 20.0, 1.0, 40.0])

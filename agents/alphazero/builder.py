@@ -3,7 +3,6 @@ self-play loop."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -14,20 +13,22 @@ from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.learner import make_training
 from trellis.agents.alphazero.networks import PolicyValueNet, make_networks
 from trellis.agents.alphazero.search import make_search, masked_logits
-from trellis.agents.alphazero.self_play import make_self_play
-from trellis.agents.common import AgentBuilder
-from trellis.builders.contract.agent import SELF_PLAY, Capabilities, Learner, Training
+from trellis.agents.alphazero.self_play import SelfPlayLoop, make_self_play
+from trellis.builders.contract.agent import SELF_PLAY, Capabilities, Policy, Training
+from trellis.builders.contract.self_play import Match
 from trellis.envs.specs import EnvSpec
 
 
-class AlphaZeroBuilder(AgentBuilder):
-    """Builder for AlphaZero on a two-player pgx game (`--env=pgx:GAME --platform=anakin`).
+class AlphaZeroBuilder:
+    """Builder for AlphaZero on a two-player pgx game (`--env=pgx:GAME --platform=anakin`): a
+    `builders.contract.self_play.SelfPlayAgent`.
 
     Its "observations" are pgx's game states (a pytree with the observation from the player
     to move, who moves, the legal moves): the search steps the game itself.
     """
 
-    config: AlphaZeroConfig
+    def __init__(self, config: AlphaZeroConfig):
+        self.config = config
 
     @property
     def capabilities(self) -> Capabilities:
@@ -36,7 +37,7 @@ class AlphaZeroBuilder(AgentBuilder):
     def make_networks(self, spec: EnvSpec) -> PolicyValueNet:
         return make_networks(spec, self.config.hidden_sizes)
 
-    def make_policy(self, networks: PolicyValueNet, evaluation: bool = False):
+    def make_policy(self, networks: PolicyValueNet, evaluation: bool = False) -> Policy:
         """`policy(params, key, games, state, first)`: the network's own move, without search
         (its most likely legal move, or a sample when not evaluating); `make_search_player`
         is the player that searches."""
@@ -57,7 +58,8 @@ class AlphaZeroBuilder(AgentBuilder):
         search = make_search(env, networks, self.config, evaluation=True)
         return lambda key, games: search(params, key, games).action
 
-    def make_match(self, networks: PolicyValueNet, env: Any, opponent: str, num_games: int):
+    def make_match(self, networks: PolicyValueNet, env: Any, opponent: str,
+                   num_games: int) -> Match:
         """`play(params, key) -> outcomes [num_games]` (1, 0, -1): the search (no noise)
         against the baseline `opponent` (agents/alphazero/baselines.py), half moving first.
 
@@ -75,14 +77,8 @@ class AlphaZeroBuilder(AgentBuilder):
     def make_training(self, networks: PolicyValueNet, spec: EnvSpec) -> Training:
         return make_training(networks, spec, self.config)
 
-    def make_self_play(self, networks: PolicyValueNet, spec: EnvSpec, env: Any):
-        """`(init(key) -> state, iterate(state) -> (state, metrics))`: self-play, replay and
-        learning in one pure function (agents/alphazero/self_play.py)."""
+    def make_self_play(self, networks: PolicyValueNet, spec: EnvSpec, env: Any
+                       ) -> SelfPlayLoop:
+        """Self-play, replay and learning in one pure function
+        (agents/alphazero/self_play.py)."""
         return make_self_play(env, networks, self.make_training(networks, spec), self.config)
-
-    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,
-                     devices: Sequence[jax.Device] | None = None,
-                     replay: Any = None) -> Learner:
-        raise NotImplementedError(
-            "AlphaZero learns inside its self-play program (--platform=anakin); it has no "
-            "learner node")

@@ -10,7 +10,12 @@ import jax.numpy as jnp
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.losses import alphazero_loss
 from trellis.agents.alphazero.networks import PolicyValueNet
-from trellis.agents.common.training import TrainingState, init_training_state, make_optimizer
+from trellis.agents.common.training import (
+    STATE_HPARAMS,
+    TrainingState,
+    init_training_state,
+    make_optimizer,
+)
 from trellis.builders.contract.agent import Training
 from trellis.envs.specs import EnvSpec
 
@@ -41,4 +46,4 @@ def make_training(network: PolicyValueNet, spec: EnvSpec, config: AlphaZeroConfi
 
         return update
 
-    return Training(init, make_update)
+    return Training(init, make_update, hparams=STATE_HPARAMS)

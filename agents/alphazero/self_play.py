@@ -10,6 +10,7 @@ replay on the device, and `updates_per_iteration` SGD steps follow on positions 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from trellis.agents.alphazero.losses import value_targets
 from trellis.agents.alphazero.search import make_search
 from trellis.agents.common.training import TrainingState
 from trellis.builders.contract.agent import Training
+from trellis.builders.contract.self_play import SelfPlayCounts
 
 
 @flax.struct.dataclass
@@ -89,11 +91,26 @@ class SelfPlayState:
     games_finished: jax.Array
 
 
-def make_self_play(env: Any, network: Any, training: Training, config: AlphaZeroConfig
-                   ) -> tuple[Callable[[jax.Array], SelfPlayState],
-                              Callable[[SelfPlayState], tuple[SelfPlayState, dict]]]:
+@dataclasses.dataclass(frozen=True)
+class SelfPlayLoop:
     """`init(key) -> SelfPlayState` and `iterate(state) -> (state, metrics)` (see the module's
-    docstring), pure and jittable."""
+    docstring), pure and jittable: a `builders.contract.self_play.SelfPlay`."""
+
+    init: Callable[[jax.Array], SelfPlayState]
+    iterate: Callable[[SelfPlayState], tuple[SelfPlayState, dict[str, jax.Array]]]
+
+    @staticmethod
+    def params(state: SelfPlayState) -> Any:
+        return state.train.params
+
+    @staticmethod
+    def counts(state: SelfPlayState) -> SelfPlayCounts:
+        return SelfPlayCounts(state.moves, state.train.step, state.games_finished)
+
+
+def make_self_play(env: Any, network: Any, training: Training, config: AlphaZeroConfig
+                   ) -> SelfPlayLoop:
+    """AlphaZero's self-play loop on `env` (see the module's docstring)."""
     search = make_search(env, network, config)
     update = training.make_update(None)
     num_games, num_moves = config.batch_size, config.unroll_length
@@ -163,4 +180,4 @@ def make_self_play(env: Any, network: Any, training: Training, config: AlphaZero
                        unknown_outcomes=(~known[:num_moves]).sum(dtype=jnp.int32))
         return state, metrics
 
-    return init, iterate
+    return SelfPlayLoop(init, iterate)

@@ -1,7 +1,8 @@
 """What the agents share, one module per concern; agents import from here, never from each other.
 
 - `torsos`, `recurrent`, `normalization`, `distributions`: network pieces;
-- `training`: the training state, the optimizer, hyper-parameters held as arrays;
+- `training`: the training state, the optimizer, hyper-parameters held as arrays (and
+  `STATE_HPARAMS`, which an agent's `Training` passes on to the experiment layer);
 - `learners`: the host shells that run a pure update on a device mesh (`DataParallelLearner`,
   and `ReplayLearner` over the n-step transitions of `replay`);
 - `builder`: `AgentBuilder`, the base of every builder.
@@ -30,6 +31,8 @@ from trellis.agents.common.torsos import (
     make_torso,
 )
 from trellis.agents.common.training import (
+    STATE_HPARAMS,
+    StateHyperParams,
     TargetNetworkState,
     TrainingState,
     get_hparams,
@@ -38,6 +41,7 @@ from trellis.agents.common.training import (
     init_training_state,
     learning_rate_factor,
     make_optimizer,
+    scale_by_learning_rate_factor,
     set_hparams,
     set_learning_rate_factor,
     with_learning_rate_factor,
@@ -45,12 +49,13 @@ from trellis.agents.common.training import (
 )
 
 __all__ = [
-    "OBS_NORM", "AgentBuilder", "Batch", "ConvTorso", "DataParallelLearner", "ImpalaResNetTorso",
-    "LSTMCore", "LSTMState", "MLPTorso", "ObservationNormalizer", "ReplayLearner",
-    "ResidualBlock", "TargetNetworkState", "TrainingState", "TransitionReplay",
-    "channels_first", "diagonal_gaussian_log_prob", "get_hparams", "importance_weights",
-    "init_target_network_state", "init_training_state", "initial_moments",
+    "OBS_NORM", "STATE_HPARAMS", "AgentBuilder", "Batch", "ConvTorso", "DataParallelLearner",
+    "ImpalaResNetTorso", "LSTMCore", "LSTMState", "MLPTorso", "ObservationNormalizer",
+    "ReplayLearner", "ResidualBlock", "StateHyperParams", "TargetNetworkState", "TrainingState",
+    "TransitionReplay", "channels_first", "diagonal_gaussian_log_prob", "get_hparams",
+    "importance_weights", "init_target_network_state", "init_training_state", "initial_moments",
     "learning_rate_factor", "lstm_initial_state", "make_optimizer", "make_torso", "reset_where",
-    "set_hparams", "set_learning_rate_factor", "unrolls_to_transitions", "update_moments",
-    "with_learning_rate_factor", "without_learning_rate_factor",
+    "scale_by_learning_rate_factor", "set_hparams", "set_learning_rate_factor",
+    "unrolls_to_transitions", "update_moments", "with_learning_rate_factor",
+    "without_learning_rate_factor",
 ]

@@ -10,10 +10,16 @@ import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from trellis.builders.contract.config import AgentConfig
+from trellis.builders.contract.hparams import array_module, learning_rate_factor
+
+__all__ = ["STATE_HPARAMS", "StateHyperParams", "TargetNetworkState", "TrainingState",
+           "get_hparams", "importance_weights", "init_target_network_state",
+           "init_training_state", "learning_rate_factor", "make_optimizer",
+           "scale_by_learning_rate_factor", "set_hparams", "set_learning_rate_factor",
+           "with_learning_rate_factor", "without_learning_rate_factor"]
 
 
 def make_optimizer(config: AgentConfig) -> optax.GradientTransformation:
@@ -30,7 +36,7 @@ def make_optimizer(config: AgentConfig) -> optax.GradientTransformation:
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
         adam(learning_rate=config.learning_rate, eps=config.adam_eps),
-        _scale_by_learning_rate_factor(),
+        scale_by_learning_rate_factor(),
     )
 
 
@@ -40,7 +46,10 @@ class _LearningRateFactor(NamedTuple):
     factor: jax.Array  # float32 scalar ([M] in a population).
 
 
-def _scale_by_learning_rate_factor() -> optax.GradientTransformation:
+def scale_by_learning_rate_factor() -> optax.GradientTransformation:
+    """Scales the updates by the learning-rate schedule's factor (1 until
+    `set_learning_rate_factor` sets it): the last link of an optimizer's chain."""
+
     def init(params):
         del params
         return _LearningRateFactor(jnp.ones((), jnp.float32))
@@ -52,26 +61,6 @@ def _scale_by_learning_rate_factor() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def learning_rate_factor(env_steps: Any, total_env_steps: int) -> Any:
-    """The linear schedule's factor on the learning rate after `env_steps` of a budget of
-    `total_env_steps`: 1 at the start, 0 at the budget's end and after it (the IMPALA paper's
-    schedule, Espeholt et al., 2018, and cleanrl's PPO). A float32 array, inside jit too; of
-    a number, a numpy one (`_array_module`)."""
-    xp = _array_module(env_steps)
-    # The budget as a float: as an int, jax takes it as int32, and budgets reach 10^12.
-    return xp.clip(1.0 - xp.asarray(env_steps, xp.float32) / float(total_env_steps), 0.0, 1.0)
-
-
-def _array_module(x: Any) -> Any:
-    """jax.numpy for a jax array (or a tracer), numpy for a number or a numpy array.
-
-    The host's schedule runs on numbers: as eager jax ops, each would be compiled for the
-    device at the first call, and the learner node's first call comes before its first
-    update (0.7 s on a cold 2-core start with 32 workers, while the data waiting aged).
-    """
-    return jnp if isinstance(x, jax.Array) else np
-
-
 def _is_factor(node: Any) -> bool:
     return isinstance(node, _LearningRateFactor)
 
@@ -79,8 +68,17 @@ def _is_factor(node: Any) -> bool:
 def set_learning_rate_factor(state: Any, factor: Any) -> Any:
     """A copy of training state `state` whose optimizers scale their steps by `factor`
     (broadcast to the factor each holds: [M] in a population's state). A number sets numpy
-    arrays (`_array_module`): the state's next device_put or jitted call takes them over."""
-    xp = _array_module(factor)
+    arrays (`array_module`): the state's next device_put or jitted call takes them over.
+
+    Raises:
+      ValueError: `state` holds no factor (its optimizer does not end with
+        `scale_by_learning_rate_factor`): a schedule would change nothing.
+    """
+    if not any(_is_factor(node) for node in jax.tree.leaves(state, is_leaf=_is_factor)):
+        raise ValueError("this training state holds no learning-rate factor to schedule: its "
+                         "optimizer must end with agents.common's scale_by_learning_rate_factor "
+                         "(make_optimizer's does)")
+    xp = array_module(factor)
     return jax.tree.map(
         lambda node: _LearningRateFactor(xp.broadcast_to(
             xp.asarray(factor, xp.float32), node.factor.shape)) if _is_factor(node) else node,
@@ -220,3 +218,21 @@ def set_hparams(state: Any, values: Mapping[str, Any]) -> Any:
     if isinstance(getattr(state, "hparams", None), dict):
         state = state.replace(hparams=put(state.hparams))
     return state
+
+
+class StateHyperParams:
+    """`builders.contract.hparams.HyperParams` of the training states made here: the
+    optimizers' injected hyper-parameters, a state's `hparams` field, and the factor of
+    `scale_by_learning_rate_factor`. Agents pass `STATE_HPARAMS` in their `Training`."""
+
+    def get(self, state: Any) -> dict[str, jax.Array]:
+        return get_hparams(state)
+
+    def set(self, state: Any, values: Mapping[str, Any]) -> Any:
+        return set_hparams(state, values)
+
+    def set_learning_rate_factor(self, state: Any, factor: Any) -> Any:
+        return set_learning_rate_factor(state, factor)
+
+
+STATE_HPARAMS = StateHyperParams()

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from trellis.agents.common import (
+    STATE_HPARAMS,
     Batch,
     TargetNetworkState,
     importance_weights,
@@ -81,6 +82,7 @@ def make_training(networks: DQNNetworks, config: DQNConfig) -> Training:
         functools.partial(init_target_network_state, networks.init, optimizer),
         lambda mesh: make_update(networks, optimizer, config),
         acting_params,
+        STATE_HPARAMS,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from trellis.builders.contract.config import Config, setting
+from trellis.builders.contract.hparams import CONSTANT, LEARNING_RATE_SCHEDULES
 
 # Our OpenAI-ES (agents/es/losses.py), then evosax 0.3's strategies by their names there: the
 # anakin platform runs any of them; the host platforms too, since a worker replays the same
@@ -13,6 +14,8 @@ OPEN_ES = "open_es"
 EVOSAX_STRATEGIES = {"cma_es": "CMA_ES", "sep_cma_es": "Sep_CMA_ES", "snes": "SNES",
                      "xnes": "xNES", "pgpe": "PGPE", "evosax_open_es": "Open_ES"}
 STRATEGIES = (OPEN_ES, *EVOSAX_STRATEGIES)
+# The strategies that step their mean with Adam: those with a learning rate to schedule.
+WITH_LEARNING_RATE = (OPEN_ES, "evosax_open_es")
 
 # The defaults that differ on a platform (run.py applies them). On anakin a compiled call is one
 # generation, whose size population_size and episodes_per_member set; the host checks the stop
@@ -35,6 +38,10 @@ class ESConfig(Config):
         256, "perturbed policies evaluated per generation (even: antithetic pairs)", ge=2)
     sigma: float = setting(0.1, "standard deviation of the parameter noise", gt=0)
     learning_rate: float = setting(0.03, "Adam's step size on the gradient estimate", gt=0)
+    learning_rate_schedule: str = setting(
+        CONSTANT, "the learning rate's schedule: constant, or linear (falling to 0 at the end "
+        "of the env-step budget, --total_env_steps); open_es and evosax_open_es only",
+        choices=LEARNING_RATE_SCHEDULES)
     weight_decay: float = setting(
         0.005, "L2 coefficient added to the gradient estimate (the paper's 0.005)", ge=0)
     adam_eps: float = setting(1e-8, "Adam's epsilon (denominator stability)", gt=0)
@@ -46,3 +53,12 @@ class ESConfig(Config):
     def check(self) -> None:
         if self.population_size % 2:
             raise self.invalid("population_size", "even (members come in antithetic pairs)")
+        if self.learning_rate_schedule != CONSTANT and not self.has_learning_rate:
+            raise self.invalid("learning_rate_schedule",
+                               f"constant with --strategy={self.strategy}, which has no "
+                               f"learning rate ({', '.join(WITH_LEARNING_RATE)} have one)")
+
+    @property
+    def has_learning_rate(self) -> bool:
+        """Whether the strategy steps its mean with Adam at `learning_rate`."""
+        return self.strategy in WITH_LEARNING_RATE

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from trellis.agents.common import scale_by_learning_rate_factor
 from trellis.agents.es import losses
 from trellis.agents.es.config import EVOSAX_STRATEGIES, OPEN_ES, ESConfig
 from trellis.agents.es.networks import ESNetworks
@@ -48,9 +49,15 @@ class OpenESState:
     opt_state: optax.OptState
 
 
+# The episodes' draws (resets, env steps) come from the generation's key folded with this:
+# apart from the noise drawn from the same key.
+_EPISODE_STREAM = 0x45505331  # "EPS1"
+
+
 @dataclasses.dataclass(frozen=True)
 class Search:
-    """A strategy as pure functions of `ESState` (see the module docstring).
+    """A strategy as pure functions of `ESState` (see the module docstring): a
+    `builders.contract.population.Search`.
 
     Attributes:
       init: `init(key) -> state`, the mean at the network's initial params.
@@ -69,6 +76,19 @@ class Search:
         """The search's mean, [D]: the policy it stands for."""
         return state.search.mean
 
+    @staticmethod
+    def episode_key(state: ESState) -> jax.Array:
+        """The key of the generation's episodes, apart from its members' noise."""
+        return jax.random.fold_in(losses.generation_key(state.key, state.generation),
+                                  _EPISODE_STREAM)
+
+
+def make_optimizer(config: ESConfig) -> optax.GradientTransformation:
+    """Adam on the mean, its steps scaled by the learning-rate schedule's factor
+    (`builders.contract.hparams`; 1 unless the schedule sets it)."""
+    return optax.chain(optax.adam(config.learning_rate, eps=config.adam_eps),
+                       scale_by_learning_rate_factor())
+
 
 def fitness_metrics(fitness: jax.Array) -> dict[str, jax.Array]:
     """Best, mean and spread of a generation's fitness."""
@@ -79,7 +99,7 @@ def fitness_metrics(fitness: jax.Array) -> dict[str, jax.Array]:
 def make_open_es(networks: ESNetworks, config: ESConfig) -> Search:
     """OpenAI-ES: antithetic noise, centred ranks, weight decay, Adam (agents/es/losses.py)."""
     size, dim, sigma = config.population_size, networks.num_params, config.sigma
-    optimizer = optax.adam(config.learning_rate, eps=config.adam_eps)
+    optimizer = make_optimizer(config)
 
     def init(key: jax.Array) -> ESState:
         params_key, noise_key = jax.random.split(key)
@@ -132,7 +152,7 @@ def make_evosax(networks: ESNetworks, config: ESConfig) -> Search:
     solution = jnp.zeros(networks.num_params, jnp.float32)
     options: dict[str, Any] = {}
     if config.strategy == "evosax_open_es":
-        options = {"optimizer": optax.adam(config.learning_rate, eps=config.adam_eps),
+        options = {"optimizer": make_optimizer(config),
                    "std_schedule": optax.constant_schedule(config.sigma)}
     es = cls(population_size=config.population_size, solution=solution, **options)
     params = es.default_params

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from trellis.agents.common import (
+    STATE_HPARAMS,
     Batch,
     DataParallelLearner,
     TrainingState,
@@ -88,6 +89,7 @@ def make_training(networks: ImpalaNetworks, config: ImpalaConfig) -> Training:
         functools.partial(init_training_state, networks.init, optimizer,
                           hparams={"entropy_cost": config.entropy_cost}),
         lambda mesh: make_update(networks, optimizer, config),
+        hparams=STATE_HPARAMS,
     )
 
 

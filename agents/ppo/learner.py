@@ -13,6 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trellis.agents.common import (
+    STATE_HPARAMS,
     Batch,
     DataParallelLearner,
     TrainingState,
@@ -198,6 +199,7 @@ def make_training(networks: PPONetworks, config: PPOConfig) -> Training:
         functools.partial(init_training_state, networks.init, optimizer,
                           hparams={"entropy_cost": config.entropy_cost}),
         lambda mesh: make_update(networks, optimizer, config, mesh),
+        hparams=STATE_HPARAMS,
     )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from trellis.agents.common import (
+    STATE_HPARAMS,
     Batch,
     DataParallelLearner,
     TargetNetworkState,
@@ -110,6 +111,7 @@ def make_training(networks: R2D2Networks, config: R2D2Config) -> Training:
     return Training(
         functools.partial(init_target_network_state, networks.init, optimizer),
         lambda mesh: make_update(networks, optimizer, config),
+        hparams=STATE_HPARAMS,
     )
 
 

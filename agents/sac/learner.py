@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trellis.agents.common import Batch, make_optimizer
+from trellis.agents.common import STATE_HPARAMS, Batch, make_optimizer
 from trellis.agents.common.continuous import actor_params
 from trellis.agents.sac import losses
 from trellis.agents.sac.config import SACConfig
@@ -133,5 +133,6 @@ def make_training(networks: SACNetworks, config: SACConfig) -> Training:
         functools.partial(init_state, networks, optimizer, config.initial_temperature),
         lambda mesh: make_update(networks, optimizer, config),
         actor_params,
+        STATE_HPARAMS,
     )
 

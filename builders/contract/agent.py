@@ -1,11 +1,21 @@
-"""The agent contract: the Builder, Learner and Policy protocols, the agent's Capabilities, its
-pure Training pieces, ArraySpec and QueueSpec.
+"""The agent contract: one small protocol per kind of agent, the Learner and Policy protocols,
+the agent's Capabilities, its pure Training pieces, ArraySpec and QueueSpec.
 
-A builder says *what an agent is* (networks, policy, the pure init and update, the learner's
-host shell, what inference records and how unrolls are batched) and *what it can do*
-(`Capabilities`); the experiment layer (`trellis.builders.experiments`) wires those pieces into
-a program graph or into one jitted program, and refuses what the agent cannot do in one line.
-A builder knows nothing of platforms.
+A builder says *what an agent is* and *what it can do* (`Capabilities`); the experiment layer
+(`trellis.builders.experiments`) wires its pieces into a program graph or into one jitted
+program, and refuses what the agent cannot do in one line. A builder knows nothing of
+platforms. The kinds, each run loop typed by the one it needs (Acme's nested builders):
+
+- `Agent`: what every kind gives (capabilities, settings, networks, the pure `Training`);
+  `Acting` adds a policy that acts in envs (what an evaluator plays);
+- `Builder`: a gradient learner fed by inference's unrolls or by replay (IMPALA, PPO, DQN);
+- `builders.contract.population.PopulationSearch`: search over parameter vectors, fitness
+  from whole episodes (evolution strategies);
+- `builders.contract.self_play.SelfPlayAgent`: self-play with search in two-player games
+  (AlphaZero).
+
+`Capabilities.learns_from` says which kind an agent is; `lacking` names what an agent that
+claims a kind does not provide.
 """
 
 from __future__ import annotations
@@ -25,10 +35,14 @@ from trellis.reverb_tables.spec import ArraySpec, TableSpec
 if TYPE_CHECKING:
     import jax
 
+    from trellis.builders.contract.config import AgentConfig
+    from trellis.builders.contract.hparams import HyperParams
+
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
 __all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "SELF_PLAY", "STATE_PREFIX", "UNROLLS",
-           "ArraySpec", "Builder", "Capabilities", "Learner", "Policy", "QueueSpec", "State",
-           "Training", "Update", "init_device", "recorded_state", "state_specs"]
+           "Acting", "Agent", "AgentSettings", "ArraySpec", "Builder", "Capabilities", "Learner",
+           "Policy", "QueueSpec", "State", "Training", "Update", "init_device", "lacking",
+           "recorded_state", "state_specs"]
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
@@ -169,11 +183,15 @@ class Training:
       acting_params: `acting_params(state)`, the params the policy reads
         (`Policy`'s first argument): the state's `params` unless the agent says otherwise
         (actor-critics act with their actor's params only).
+      hparams: reads and writes the hyper-parameters the state holds as arrays (what
+        `--member_hparams`, PBT and the learning-rate schedule set); None: the agent has
+        none, and a run that asks for them is refused (builders/contract/hparams.py).
     """
 
     init: Callable[[jax.Array], Any]
     make_update: Callable[[Any], Update]
     acting_params: Callable[[Any], Any] = operator.attrgetter("params")
+    hparams: HyperParams | None = None
 
 
 class Learner(Protocol):
@@ -207,17 +225,34 @@ class Learner(Protocol):
     def restore(self, state: Any) -> None: ...
 
 
-class Builder(Protocol):
-    """What every agent provides (see agents/impala/builder.py)."""
+class AgentSettings(Protocol):
+    """What the experiment layer reads of every agent's config."""
+
+    @property
+    def learning_rate_schedule(self) -> str:
+        """`hparams.CONSTANT`, or `hparams.LINEAR` (set through `Training.hparams`)."""
+        ...
+
+
+class Agent(Protocol):
+    """What every kind of agent provides."""
 
     @property
     def capabilities(self) -> Capabilities: ...
 
-    def queue_spec(self) -> QueueSpec: ...
+    @property
+    def config(self) -> AgentSettings: ...
 
     def make_networks(self, spec: EnvSpec) -> Any: ...
 
-    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]: ...
+    def make_training(self, networks: Any, spec: EnvSpec) -> Training:
+        """The pure init and update, and the state's hyper-parameters (`Training.hparams`)."""
+        ...
+
+
+class Acting(Agent, Protocol):
+    """An agent whose policy acts in envs (what evaluators play): every kind but self-play,
+    whose players are searches (builders/contract/self_play.py)."""
 
     def make_policy(self, networks: Any, evaluation: bool = False) -> Policy: ...
 
@@ -228,6 +263,25 @@ class Builder(Protocol):
         """
         ...
 
+
+def lacking(agent: object, kind: type) -> list[str]:
+    """The public members of protocol `kind` that `agent` does not have, sorted: what an
+    agent claiming that kind (`Capabilities.learns_from`) still has to write."""
+    return sorted(name for name in dir(kind)
+                  if not name.startswith("_") and not hasattr(agent, name))
+
+
+class Builder(Acting, Protocol):
+    """A gradient learner fed by inference's unrolls or by replay (`UNROLLS`, `REPLAY`; see
+    agents/impala/builder.py): the program graph and the anakin program use all of it."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+
+    def queue_spec(self) -> QueueSpec: ...
+
+    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]: ...
+
     def replay_table(self, signature: Mapping[str, ArraySpec]) -> TableSpec | None:
         """The agent's own replay table of unrolls, or None (the learner takes unrolls in order).
 
@@ -236,10 +290,6 @@ class Builder(Protocol):
         learner gets batches sampled from it, with `REPLAY_KEY`, `REPLAY_PROBABILITY` and
         `REPLAY_TABLE_SIZE`; and `make_learner` gets `replay=`, a client of the replay node.
         """
-        ...
-
-    def make_training(self, networks: Any, spec: EnvSpec) -> Training:
-        """The pure init and update (what anakin jits into its program)."""
         ...
 
     def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,

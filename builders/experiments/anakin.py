@@ -10,8 +10,9 @@ same time-major unrolls {field: [T + 1, B, ...]} that the inference server recor
 takes T * B env steps.
 
 A population (`num_seeds` = M members) is the member step vmapped over M: each member has its
-own params, optimizer state, envs, RNG and hyper-parameters (`set_hparams`: the learning rate
-and the loss weights the update reads from its state), in one program. The env batch axis is
+own params, optimizer state, envs, RNG and hyper-parameters (set through the agent's
+`Training.hparams`: the learning rate and the loss weights the update reads from its state), in
+one program. The env batch axis is
 sharded over the local devices, as the learner's batch is; everything else is replicated.
 With PBT (`PopulationPBT`), every K updates the bottom members copy top members' training
 states by a gather over the member axis and perturb their hyper-parameters, in the same
@@ -38,15 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trellis.agents.common import (
-    get_hparams,
-    learning_rate_factor,
-    set_hparams,
-    set_learning_rate_factor,
-)
 from trellis.agents.common.replay import DeviceReplay
+from trellis.builders.contract.hparams import HyperParams, learning_rate_factor
 from trellis.builders.experiments.counter import CounterSnapshot
 from trellis.builders.experiments.pbt import LISTS, Dimension, PopulationPBT, quantile_size
+from trellis.builders.experiments.schedule import NO_HPARAMS
 
 # --- Episode statistics on the device ---------------------------------------------------
 
@@ -173,6 +170,8 @@ class Anakin:
         from a replay on the device; None: every update learns from the unrolls just played.
       decay_env_steps: a member's env steps over which its learning rate falls linearly to 0
         (`learning_rate_factor`, set before each update); None: no schedule.
+      hparams: how the members' hyper-parameters are read and set (`Training.hparams`;
+        none by default).
     """
 
     env: Any
@@ -186,6 +185,7 @@ class Anakin:
     acting_params: Callable[[Any], Any] = operator.attrgetter("params")
     replay: ReplaySettings | None = None
     decay_env_steps: int | None = None
+    hparams: HyperParams = dataclasses.field(default_factory=lambda: NO_HPARAMS)
 
     def _act(self, params, key, timestep, policy_state):
         """The one policy call: the recorded step at `timestep` and the next policy state."""
@@ -200,7 +200,7 @@ class Anakin:
         """A fresh member: the agent's initial state with `hparams` set, reset envs, and the
         first action chosen."""
         train_key, env_key, act_key, key = jax.random.split(key, 4)
-        train = set_hparams(self.init(train_key), hparams)
+        train = self.hparams.set(self.init(train_key), hparams)
         env, timestep = jax.vmap(self.env.reset)(jax.random.split(env_key, self.num_envs))
         policy_state = jax.tree.map(jnp.asarray, dict(self.initial_state))
         pending, policy_state = self._act(self.acting_params(train), act_key, timestep,
@@ -246,7 +246,8 @@ class Anakin:
             env_steps = member.updates.astype(jnp.float32) * (self.unroll_length * self.num_envs)
             schedule = {"learning_rate_factor": learning_rate_factor(env_steps,
                                                                      self.decay_env_steps)}
-            train = set_learning_rate_factor(train, schedule["learning_rate_factor"])
+            train = self.hparams.set_learning_rate_factor(train,
+                                                          schedule["learning_rate_factor"])
         if self.replay is None:
             train, metrics = self.update(train, batch)
             return member.replace(train=train), {**metrics, **schedule}
@@ -287,7 +288,9 @@ class Anakin:
             due = population.updates[0] % interval == 0  # Members update in lockstep.
             # Only what a round changes goes through the cond: its operands may be copied.
             train, episodes, event = jax.lax.cond(
-                due, functools.partial(exploit_and_explore, key=key, pbt=pbt), no_pbt_round,
+                due, functools.partial(exploit_and_explore, key=key, pbt=pbt,
+                                       hparams=self.hparams),
+                functools.partial(no_pbt_round, hparams=self.hparams),
                 population.train, population.episodes)
             return population.replace(train=train, episodes=episodes), (metrics, event)
 
@@ -363,8 +366,8 @@ class PBTEvent:
     after: dict[str, jax.Array]
 
 
-def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: PopulationPBT
-                        ) -> tuple[Any, Episodes, PBTEvent]:
+def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: PopulationPBT,
+                        hparams: HyperParams) -> tuple[Any, Episodes, PBTEvent]:
     """A PBT round over the members' training states and return windows (leaves [M, ...]),
     as Tune's PopulationBasedTraining does it between trials: the members are ranked by their
     window's mean return; each one in the bottom `pbt_quantile` copies a member of the top
@@ -383,8 +386,8 @@ def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: Pop
     chosen = order[num_members - size + jax.random.randint(donor_key, (size,), 0, size)]
     donor = jnp.arange(num_members).at[order[:size]].set(chosen)
     copied = jax.tree.map(lambda x: x[donor], train)
-    before = get_hparams(train)
-    explored = explore(get_hparams(copied), explore_key, pbt)
+    before = hparams.get(train)
+    explored = explore(hparams.get(copied), explore_key, pbt)
     exploits = donor != jnp.arange(num_members)
     after = {name: jnp.where(exploits, v, before[name]) for name, v in explored.items()}
     # The copy starts an empty window (and keeps its envs' episodes under way and its episode
@@ -393,7 +396,7 @@ def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: Pop
     # population "solve" the moment its bottom members copied solved donors.
     episodes = episodes.replace(
         window_start=jnp.where(exploits, episodes.count, episodes.window_start))
-    return (set_hparams(copied, after), episodes,
+    return (hparams.set(copied, after), episodes,
             PBTEvent(jnp.asarray(True), donor, score, before, after))
 
 
@@ -425,12 +428,13 @@ def _finite(x: Any) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
-def no_pbt_round(train: Any, episodes: Episodes) -> tuple[Any, Episodes, PBTEvent]:
+def no_pbt_round(train: Any, episodes: Episodes, hparams: HyperParams
+                 ) -> tuple[Any, Episodes, PBTEvent]:
     """`exploit_and_explore`'s result when no round is due: everything unchanged."""
-    hparams = get_hparams(train)
+    values = hparams.get(train)
     members = jnp.arange(episodes.count.shape[0])
     return train, episodes, PBTEvent(jnp.asarray(False), members, window_means(episodes),
-                                     hparams, hparams)
+                                     values, values)
 
 
 def play_episodes(env: Any, policy: Callable, params: Any, initial_state: Mapping[str, Any],

@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis.agents.common import get_hparams
-from trellis.builders.contract.agent import REPLAY
+from trellis.builders.contract.agent import REPLAY, Builder
+from trellis.builders.contract.hparams import LINEAR
 from trellis.builders.experiments.anakin import (
     Anakin,
     Population,
@@ -37,8 +37,10 @@ from trellis.builders.experiments.anakin import (
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import PopulationSettings
+from trellis.builders.experiments.schedule import NO_HPARAMS, asked_hparams, require_hparams
 from trellis.builders.experiments.stop import SIGNAL, StopRule
 from trellis.builders.experiments.xla_flags import xla_flags_unless_set
+from trellis.envs import EnvFactory
 from trellis.envs.contract import Players, is_jax
 from trellis.envs.jax_multi_agent import TeamEnv
 
@@ -76,7 +78,7 @@ def seconds_since_process_start() -> float | None:
         return None
 
 
-def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
+def make_anakin(builder: Builder, env_factory: EnvFactory, seed: int, return_window: int,
                 hparam_names: Sequence[str] = (), num_members: int = 1,
                 total_env_steps: int | None = None) -> tuple[Anakin, Any]:
     """The agent's anakin functions for `num_members` members and the device mesh they run on;
@@ -96,7 +98,10 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
     networks = builder.make_networks(spec)
     training = builder.make_training(networks, spec)
     root = jax.random.key(seed)
-    known = sorted(get_hparams(jax.eval_shape(training.init, root)))
+    asked = asked_hparams(builder, member_hparams=bool(hparam_names))
+    hparams = require_hparams(builder, training, asked) if asked else (
+        training.hparams or NO_HPARAMS)
+    known = sorted(hparams.get(jax.eval_shape(training.init, root)))
     unknown = sorted(set(hparam_names) - set(known))
     if unknown:
         raise AnakinError(f"--member_hparams: {', '.join(unknown)} is not a hyper-parameter "
@@ -115,8 +120,9 @@ def make_anakin(builder: Any, env_factory: Any, seed: int, return_window: int,
                     num_envs=config.batch_size, unroll_length=config.unroll_length,
                     return_window=return_window, acting_params=training.acting_params,
                     replay=replay,
-                    decay_env_steps=(total_env_steps if config.learning_rate_schedule == "linear"
-                                     else None))
+                    decay_env_steps=(total_env_steps if config.learning_rate_schedule == LINEAR
+                                     else None),
+                    hparams=hparams)
     return anakin, mesh
 
 
@@ -124,7 +130,7 @@ def _member_keys(seed: int, num_seeds: int) -> jax.Array:
     return jax.random.split(jax.random.fold_in(jax.random.key(seed), 1), num_seeds)
 
 
-def make_population(builder: Any, env_factory: Any, seed: int, return_window: int,
+def make_population(builder: Builder, env_factory: EnvFactory, seed: int, return_window: int,
                     settings: PopulationSettings,
                     total_env_steps: int | None = None) -> Population:
     """The agent's anakin program for `settings.num_seeds` members, compiled here
@@ -140,8 +146,9 @@ def make_population(builder: Any, env_factory: Any, seed: int, return_window: in
                       settings.updates_per_call, settings.pbt)
 
 
-def restore_member(builder: Any, env_factory: Any, config: Any, num_seeds: int, run_dir: str,
-                   step: int | None, member: int) -> tuple[Anakin, Any, int, dict[str, Any]]:
+def restore_member(builder: Builder, env_factory: EnvFactory, config: Any, num_seeds: int,
+                   run_dir: str, step: int | None, member: int
+                   ) -> tuple[Anakin, Any, int, dict[str, Any]]:
     """One member's params from an anakin run's checkpoint (for evaluate.py).
 
     Returns:
@@ -199,7 +206,7 @@ def population_stats(snapshots: Sequence[Any], hparams: Sequence[Mapping[str, fl
 
 
 def _member_hparams(population: Population) -> list[dict[str, float]]:
-    values = jax.device_get(get_hparams(population.state.train))
+    values = jax.device_get(population.anakin.hparams.get(population.state.train))
     return [{name: float(v[m]) for name, v in values.items()}
             for m in range(population.num_members)]
 
@@ -224,7 +231,7 @@ class AnakinRun:
       AnakinError: see `make_anakin`.
     """
 
-    def __init__(self, builder: Any, env_factory: Any, config: Any, run_dir: str,
+    def __init__(self, builder: Builder, env_factory: EnvFactory, config: Any, run_dir: str,
                  settings: PopulationSettings, stop_rule: StopRule,
                  resume: tuple[int, Mapping[str, Any]] | None, quiet: bool = False):
         # The session's clock starts with the process: imports and compilation count.

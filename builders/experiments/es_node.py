@@ -22,17 +22,18 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
-from trellis.builders.contract.agent import Builder
 from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.contract.population import PopulationSearch
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
 from trellis.builders.experiments.counter import Counter, CounterSnapshot, StepRate
 from trellis.builders.experiments.env_worker import drawn_seed
 from trellis.builders.experiments.evaluation import Evaluator
+from trellis.builders.experiments.schedule import LearningRateSchedule, require_hparams
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.contract import EnvFactory, HostEnvFactory
 from trellis.launch import runtime
@@ -89,6 +90,14 @@ def play_members(act: Callable[[np.ndarray, np.ndarray], Any], population: np.nd
     return returns.reshape(shape), lengths.reshape(shape)
 
 
+class Told(NamedTuple):
+    """What the learner told a generation: every member's fitness [N], and the learning-rate
+    factor it set first (None without a schedule), which every worker's copy sets too."""
+
+    fitness: np.ndarray
+    learning_rate_factor: float | None
+
+
 def count_generation(counter: Counter, returns: np.ndarray, lengths: np.ndarray) -> None:
     """Counts a generation's episodes ([N, E] returns and lengths) and its update."""
     counter.add_env_steps(int(lengths.sum()),
@@ -104,18 +113,21 @@ class ESLearnerNode:
     `get_params()` and `record_evaluation(...)`.
 
     Args:
-      builder: the ES agent (`make_learner` gives the search's host shell).
+      builder: the population-search agent (`make_learner` gives the search's host shell).
       env_factory: the envs (their spec sizes the policy).
-      config: the experiment's settings.
+      config: the experiment's settings (with the agent's, its learning-rate schedule).
       checkpoints: where to checkpoint and what to resume from; None: no checkpoints.
       stop_rule: asked after every generation (default: the config's).
     """
 
-    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
-                 checkpoints: Checkpoints | None = None, stop_rule: StopRule | None = None):
+    def __init__(self, builder: PopulationSearch, env_factory: EnvFactory,
+                 config: ExperimentConfig, checkpoints: Checkpoints | None = None,
+                 stop_rule: StopRule | None = None):
         spec = env_factory.spec()
-        self._learner: Any = builder.make_learner(builder.make_networks(spec), spec,
-                                                  jax.random.PRNGKey(config.seed))
+        networks = builder.make_networks(spec)
+        self._learner = builder.make_learner(networks, spec, jax.random.PRNGKey(config.seed))
+        self._schedule = LearningRateSchedule.of(
+            builder, builder.make_training(networks, spec), config.total_env_steps)
         self._checkpointer = None
         progress = None
         if checkpoints is not None:
@@ -136,7 +148,7 @@ class ESLearnerNode:
         self._returns = np.zeros(shape)
         self._lengths = np.zeros(shape, np.int64)
         self._reported = np.zeros(shape[0], bool)
-        self._fitnesses: dict[int, np.ndarray] = {}  # Generation -> its fitness [N].
+        self._told_by_generation: dict[int, Told] = {}
         self._generation = self._learner.generation
         self._checksum = state_checksum(self._learner.state)
         self._resyncs = 0
@@ -169,9 +181,9 @@ class ESLearnerNode:
             self._told.notify_all()
             return True
 
-    def fitness(self, generation: int, timeout_s: float = _WAIT_S) -> np.ndarray | None:
-        """Every member's fitness in `generation` [N] once the learner has told it, waiting
-        at most `timeout_s`; None if not told by then.
+    def fitness(self, generation: int, timeout_s: float = _WAIT_S) -> Told | None:
+        """What the learner told `generation` (every member's fitness [N], the learning-rate
+        factor), once told, waiting at most `timeout_s`; None if not told by then.
 
         Raises:
           LookupError: a generation told too long ago to be kept (the worker is out of step).
@@ -179,10 +191,10 @@ class ESLearnerNode:
         with self._told:
             self._told.wait_for(lambda: generation < self._generation or self._stop.is_set(),
                                 timeout_s)
-            if generation < self._generation and generation not in self._fitnesses:
+            if generation < self._generation and generation not in self._told_by_generation:
                 raise LookupError(f"generation {generation} was told long ago (now at "
                                   f"{self._generation}); fetch search_state()")
-            return self._fitnesses.get(generation)
+            return self._told_by_generation.get(generation)
 
     # --- RPCs for the session and the evaluator ---------------------------------------
 
@@ -247,14 +259,21 @@ class ESLearnerNode:
         """Tells the complete generation and counts its episodes (under the condition, so a
         checkpoint's counters always match its state)."""
         fitness = self._returns.mean(axis=1).astype(np.float32)
+        factor = None
+        if self._schedule is not None:
+            self._learner.restore(self._schedule.apply(self._learner.state,
+                                                       self._counter.env_steps()))
+            factor = self._schedule.factor
         metrics = self._learner.step({"fitness": fitness})
-        self._fitnesses[self._generation] = fitness
-        self._fitnesses.pop(self._generation - _KEPT_GENERATIONS, None)
+        self._told_by_generation[self._generation] = Told(fitness, factor)
+        self._told_by_generation.pop(self._generation - _KEPT_GENERATIONS, None)
         self._generation += 1
         self._checksum = state_checksum(self._learner.state)
         count_generation(self._counter, self._returns, self._lengths)
         self._reported[:] = False
         self._metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if self._schedule is not None:
+            self._metrics.update(self._schedule.metrics())
         self._told.notify_all()
 
     def _save(self, snapshot: CounterSnapshot) -> None:
@@ -270,7 +289,7 @@ class ESWorker:
     copy of the search (see the module's docstring).
 
     Args:
-      builder: the ES agent.
+      builder: the population-search agent.
       env_factory: builds this worker's envs (one per member and episode).
       learner: client of the ES learner node.
       worker_id: which members it plays (`worker_members`).
@@ -279,7 +298,7 @@ class ESWorker:
         (seed + generation would replay all but one of the previous generation's starts).
     """
 
-    def __init__(self, builder: Builder, env_factory: HostEnvFactory, learner: Any,
+    def __init__(self, builder: PopulationSearch, env_factory: HostEnvFactory, learner: Any,
                  worker_id: int, num_workers: int, seed: int):
         self._builder = builder
         self._factory = env_factory
@@ -292,10 +311,10 @@ class ESWorker:
         builder, learner = self._builder, self._learner
         spec = self._factory.spec()
         networks = builder.make_networks(spec)
-        search: Any = builder.make_learner(networks, spec, jax.random.PRNGKey(0))
-        policy = builder.make_policy(networks, evaluation=True)
-        act = jax.jit(jax.vmap(
-            lambda flat, obs: policy(networks.unravel(flat), None, obs[None], {}, None)[0][0]))
+        search = builder.make_learner(networks, spec, jax.random.PRNGKey(0))
+        training = builder.make_training(networks, spec)
+        member_act = builder.make_member_policy(networks)
+        act = jax.jit(jax.vmap(lambda flat, obs: member_act(flat, obs[None])[0]))
         members = worker_members(self._worker_id, self._num_workers, search.num_members)
         episodes = builder.config.episodes_per_member
         # A worker without members (more workers than members) only keeps its copy in step.
@@ -316,18 +335,24 @@ class ESWorker:
                                           state_checksum(search.state)):
                         search.restore(learner.search_state())
                         continue
-                fitness = None
-                while fitness is None and not stop.is_set():
-                    fitness = learner.fitness(generation)
-                if fitness is not None:
-                    search.step({"fitness": fitness})
+                told = None
+                while told is None and not stop.is_set():
+                    told = learner.fitness(generation)
+                if told is None:
+                    continue
+                if told.learning_rate_factor is not None:  # The learner's, bit for bit.
+                    hparams = require_hparams(builder, training, "the learning-rate schedule")
+                    search.restore(hparams.set_learning_rate_factor(
+                        search.state, np.float32(told.learning_rate_factor)))
+                search.step({"fitness": told.fitness})
         finally:
             if envs is not None:
                 envs.close()
 
 
-def make_es_program(builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
-                    name: str = "es", checkpoints: Checkpoints | None = None,
+def make_es_program(builder: PopulationSearch, env_factory: EnvFactory,
+                    config: ExperimentConfig, name: str = "es",
+                    checkpoints: Checkpoints | None = None,
                     stop_rule: StopRule | None = None) -> runtime.Program:
     """The ES graph: one learner node, `num_actors` env workers, and an evaluator with
     `config.eval_every > 0` (as `program.make_program`'s, which it mirrors).

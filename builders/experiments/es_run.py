@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.contract.population import MemberPolicy, PopulationSearch, Search
 from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.counter import Counter, CounterSnapshot
@@ -26,16 +27,14 @@ from trellis.builders.experiments.es_node import count_generation, make_es_progr
 from trellis.builders.experiments.execution import Ending, Execution, Report
 from trellis.builders.experiments.platforms import Platform, PopulationSettings
 from trellis.builders.experiments.program_run import ProgramRun
+from trellis.builders.experiments.schedule import LearningRateSchedule
 from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.envs import EnvFactory, JaxEnvFactory
 from trellis.envs.contract import is_jax
 
-# The episodes' draws (resets, env steps) come from the generation's key folded with this:
-# apart from the noise drawn from the same key.
-_EPISODE_STREAM = 0x45505331  # "EPS1"
 
-
-def play_population(env: Any, act: Callable[[jax.Array, jax.Array], jax.Array],
-                    population: jax.Array, episodes: int, key: jax.Array
+def play_population(env: Any, act: MemberPolicy, population: jax.Array, episodes: int,
+                    key: jax.Array
                     ) -> tuple[jax.Array, jax.Array]:
     """Every member plays `episodes` whole episodes in fresh envs of its own (jittable).
 
@@ -72,29 +71,24 @@ def play_population(env: Any, act: Callable[[jax.Array, jax.Array], jax.Array],
     return returns, lengths
 
 
-def make_generation(builder: Any, env_factory: Any) -> tuple[Callable, Any]:
+def make_generation(builder: PopulationSearch, env_factory: JaxEnvFactory
+                    ) -> tuple[Callable[[Any], tuple[Any, jax.Array, jax.Array, Any]], Search]:
     """The agent's generation on a JAX env, and its search.
 
     Returns:
       (`generation(state) -> (state, returns [N, E], lengths [N, E], metrics)`, pure and
-      jittable; the search, `agents.es.learner.Search`).
+      jittable; the search).
     """
-    spec = env_factory.spec()
-    networks = builder.make_networks(spec)
+    networks = builder.make_networks(env_factory.spec())
     search = builder.make_search(networks)
-    policy = builder.make_policy(networks, evaluation=True)
+    act = builder.make_member_policy(networks)
     env = env_factory.make()
     episodes = builder.config.episodes_per_member
 
-    def act(flat: jax.Array, obs: jax.Array) -> jax.Array:
-        actions, _, _ = policy(networks.unravel(flat), None, obs, {}, None)
-        return actions
-
-    def generation(state: Any):
+    def generation(state: Any) -> tuple[Any, jax.Array, jax.Array, Any]:
         population = search.ask(state)
-        key = jax.random.fold_in(jax.random.fold_in(state.key, state.generation),
-                                 _EPISODE_STREAM)
-        returns, lengths = play_population(env, act, population, episodes, key)
+        returns, lengths = play_population(env, act, population, episodes,
+                                           search.episode_key(state))
         state, metrics = search.update(state, {"fitness": jnp.mean(returns, axis=1)})
         return state, returns, lengths, metrics
 
@@ -126,8 +120,9 @@ class ESAnakinRun:
       AnakinError: an env that is not written in JAX, or population settings of anakin.
     """
 
-    def __init__(self, builder: Any, env_factory: Any, config: ExperimentConfig, run_dir: str,
-                 settings: PopulationSettings, stop_rule: StopRule,
+    def __init__(self, builder: PopulationSearch, env_factory: EnvFactory,
+                 config: ExperimentConfig, run_dir: str, settings: PopulationSettings,
+                 stop_rule: StopRule,
                  resume: tuple[int, Mapping[str, Any]] | None):
         # The session's clock starts with the process: imports and compilation count.
         self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
@@ -143,6 +138,10 @@ class ESAnakinRun:
                               f"{settings.updates_per_call}")
         self._rule = stop_rule
         generation, search = make_generation(builder, env_factory)
+        spec = env_factory.spec()
+        self._schedule = LearningRateSchedule.of(
+            builder, builder.make_training(builder.make_networks(spec), spec),
+            config.total_env_steps)
         self._checkpointer: Checkpointer | None = None
         self._checkpoint_args = (checkpoint_dir(run_dir), config.keep_checkpoints)
         state = jax.jit(search.init)(jax.random.PRNGKey(config.seed))
@@ -177,8 +176,13 @@ class ESAnakinRun:
 
     def advance(self, timeout_s: float) -> Report:
         del timeout_s  # One generation: its length is the program's.
+        schedule = {}
+        if self._schedule is not None:
+            self._state = self._schedule.apply(self._state, self._counter.env_steps())
+            schedule = self._schedule.metrics()
         self._state, returns, lengths, metrics = self._generation(self._state)
-        returns, lengths, self._metrics = jax.device_get((returns, lengths, metrics))
+        returns, lengths, metrics = jax.device_get((returns, lengths, metrics))
+        self._metrics = {**metrics, **schedule}
         count_generation(self._counter, returns, lengths)
         if self._steady is None:  # After the first call, which waited for the compilation.
             self._steady = (time.monotonic(), self._counter.env_steps())
@@ -205,8 +209,8 @@ class ESAnakinRun:
         return Ending(130 if report.stopped_by == SIGNAL else 0, self._started, fields)
 
 
-def execution(builder: Any, env_factory: Any, config: ExperimentConfig, run_dir: str,
-              settings: Platform, resume: tuple[int, Mapping[str, Any]] | None,
+def execution(builder: PopulationSearch, env_factory: EnvFactory, config: ExperimentConfig,
+              run_dir: str, settings: Platform, resume: tuple[int, Mapping[str, Any]] | None,
               quiet: bool = False) -> Execution:
     """ES on `settings`' platform: `ESAnakinRun` on anakin, else the program graph of
     `es_node.make_es_program` (env workers send fitnesses, the learner node tells them).

@@ -21,7 +21,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis.agents.common import learning_rate_factor, set_learning_rate_factor
 from trellis.builders.contract.agent import Builder, init_device
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpointer, Checkpoints
@@ -37,6 +36,7 @@ from trellis.builders.experiments.feeds import (
     unroll_queue,
 )
 from trellis.builders.experiments.inference import InferenceServer, agent_step_specs, step_specs
+from trellis.builders.experiments.schedule import LearningRateSchedule
 from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.unroll_queue import unroll_signature
 from trellis.envs.contract import EnvFactory
@@ -144,26 +144,6 @@ class PolicyLag:
         lag = {"policy_lag_mean": self._sum / self._count, "policy_lag_max": float(self._max)}
         self._sum, self._count, self._max = 0, 0, 0
         return lag
-
-
-class _LearningRateSchedule:
-    """Sets the learner's learning-rate factor (`learning_rate_factor`) from the run's env
-    steps: at most 1,000 times over the budget, each a host-side replacement of the state."""
-
-    def __init__(self, total_env_steps: int):
-        self._total = total_env_steps
-        self._next = 0  # Env steps at which the factor is next due.
-        self._factor = 1.0
-
-    def apply(self, learner: Any, env_steps: int) -> None:
-        if env_steps < self._next:
-            return
-        self._factor = float(learning_rate_factor(env_steps, self._total))
-        learner.restore(set_learning_rate_factor(learner.state, self._factor))
-        self._next = env_steps + max(1, self._total // 1000)
-
-    def metrics(self) -> dict[str, float]:
-        return {"learning_rate_factor": self._factor}
 
 
 class StartupTimes:
@@ -293,8 +273,8 @@ class LearnerNode:
         self._lag = PolicyLag()
         self._served = (0, 0)  # Inference's (steps, batches) at the last log.
         self._finite = FiniteCheck()
-        self._schedule = (_LearningRateSchedule(config.total_env_steps)
-                          if builder.config.learning_rate_schedule == "linear" else None)
+        self._schedule = LearningRateSchedule.of(
+            builder, builder.make_training(networks, spec), config.total_env_steps)
         self._startup = StartupTimes(self._counter.snapshot())
         self._metrics: dict[str, float] = {}
         self._evaluation: dict[str, Any] | None = None
@@ -402,8 +382,9 @@ class LearnerNode:
             # Learner steps change only on this thread: this update is the snapshot's next.
             if versions is not None:
                 self._lag.add(versions, snapshot.learner_steps)
-            if self._schedule is not None:
-                self._schedule.apply(self._learner, snapshot.env_steps)
+            if self._schedule is not None and self._schedule.due(snapshot.env_steps):
+                self._learner.restore(self._schedule.apply(self._learner.state,
+                                                           snapshot.env_steps))
             try:
                 metrics = self._learner.step(batch)
             except jax.errors.JaxRuntimeError as e:

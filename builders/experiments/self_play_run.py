@@ -26,16 +26,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from trellis.agents.common import learning_rate_factor, set_learning_rate_factor
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.contract.self_play import Match, SelfPlayAgent
 from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.counter import CounterSnapshot
 from trellis.builders.experiments.execution import Ending, Execution, Report
 from trellis.builders.experiments.platforms import Platform, PopulationSettings
+from trellis.builders.experiments.schedule import LearningRateSchedule
 from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.envs import EnvFactory
 
 
-def _check(builder: Any, settings: Platform) -> None:
+def _check(builder: SelfPlayAgent, settings: Platform) -> None:
     if not isinstance(settings, PopulationSettings):
         raise AnakinError(f"{type(builder).__name__} self-plays on the device: use "
                           "--platform=anakin")
@@ -49,18 +52,19 @@ def _check(builder: Any, settings: Platform) -> None:
 
 class SelfPlayProgram:
     """The agent's jitted self-play pieces for one game: `init`, `iterate` (the builder's
-    `make_self_play`), and `match` (its search against a baseline, the builder's
-    `make_match`)."""
+    `make_self_play`, with `params` and `counts` of its state), and `match` (its search
+    against a baseline, the builder's `make_match`)."""
 
-    def __init__(self, builder: Any, env_factory: Any):
+    def __init__(self, builder: SelfPlayAgent, env_factory: EnvFactory):
         self.env = env = env_factory.make()
         spec = env_factory.spec()
         self.builder, self.networks = builder, builder.make_networks(spec)
-        init, iterate = builder.make_self_play(self.networks, spec, env)
-        self.init, self.iterate = jax.jit(init), jax.jit(iterate)
-        self._matches: dict[tuple[str, int], Any] = {}
+        self_play = builder.make_self_play(self.networks, spec, env)
+        self.init, self.iterate = jax.jit(self_play.init), jax.jit(self_play.iterate)
+        self.params, self.counts = self_play.params, self_play.counts
+        self._matches: dict[tuple[str, int], Match] = {}
 
-    def match(self, opponent: str, num_games: int) -> Any:
+    def match(self, opponent: str, num_games: int) -> Match:
         """`play(params, key) -> outcomes [num_games]` (jitted, made once): the search
         against the agent's baseline `opponent`, half moving first.
 
@@ -91,7 +95,7 @@ def outcome_rates(outcomes: np.ndarray) -> dict[str, float]:
             "loss": float(np.mean(outcomes < 0))}
 
 
-def restore_params(builder: Any, env_factory: Any, seed: int, run_dir: str,
+def restore_params(builder: SelfPlayAgent, env_factory: EnvFactory, seed: int, run_dir: str,
                    step: int | None = None) -> tuple[SelfPlayProgram, Any, int, dict[str, Any]]:
     """A self-play run's params from its checkpoint `step` (default: the newest).
 
@@ -108,7 +112,7 @@ def restore_params(builder: Any, env_factory: Any, seed: int, run_dir: str,
         state, progress = checkpointer.restore(program.init(jax.random.key(seed)), step)
     finally:
         checkpointer.close()
-    return program, state.train.params, step, progress
+    return program, program.params(state), step, progress
 
 
 class SelfPlayRun:
@@ -120,12 +124,16 @@ class SelfPlayRun:
       resume: (step, progress) of the checkpoint to continue from, or None.
     """
 
-    def __init__(self, builder: Any, env_factory: Any, config: Any, run_dir: str,
-                 stop_rule: StopRule, resume: tuple[int, Mapping[str, Any]] | None):
+    def __init__(self, builder: SelfPlayAgent, env_factory: EnvFactory, config: ExperimentConfig,
+                 run_dir: str, stop_rule: StopRule,
+                 resume: tuple[int, Mapping[str, Any]] | None):
         # The session's clock starts with the process: imports and compilation count.
         self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
-        self._config, self._agent, self._rule = config, builder.config, stop_rule
+        self._agent, self._rule = builder.config, stop_rule
         self._program = SelfPlayProgram(builder, env_factory)
+        spec = env_factory.spec()
+        self._schedule = LearningRateSchedule.of(
+            builder, builder.make_training(self._program.networks, spec), config.total_env_steps)
         if builder.config.eval_every_updates:  # A baseline that cannot play: before the start.
             self._program.match(builder.config.eval_opponent, builder.config.eval_games)
         self._state = self._program.init(jax.random.key(config.seed))
@@ -146,9 +154,10 @@ class SelfPlayRun:
         self._last: tuple[Report, CounterSnapshot, float] | None = None
 
     def _snapshot(self) -> CounterSnapshot:
-        moves, steps = jax.device_get((self._state.moves, self._state.train.step))
+        counts = jax.device_get(self._program.counts(self._state))
         return CounterSnapshot(
-            env_steps=int(moves), learner_steps=int(steps), episodes=self._episodes,
+            env_steps=int(counts.moves), learner_steps=int(counts.learner_steps),
+            episodes=self._episodes,
             returns=tuple(self._returns), lengths=(),
             elapsed_s=self._elapsed_before + time.monotonic() - self._started,
             resumes=self._resumes)
@@ -161,7 +170,7 @@ class SelfPlayRun:
         self._next_eval = (learner_steps // agent.eval_every_updates + 1) * (
             agent.eval_every_updates)
         outcomes = self._program.outcomes(
-            self._state.train.params, agent.eval_opponent,
+            self._program.params(self._state), agent.eval_opponent,
             jax.random.fold_in(self._eval_key, learner_steps), agent.eval_games)
         self._returns.extend(float(o) for o in outcomes)
         self._episodes += len(outcomes)
@@ -175,7 +184,8 @@ class SelfPlayRun:
         stats = {**snapshot.stats(),
                  **{k: float(np.asarray(v)) for k, v in self._metrics.items()},
                  "env_steps_per_s": _rate(snapshot.env_steps - steady_moves, now - steady_time),
-                 "self_play_games": int(jax.device_get(self._state.games_finished))}
+                 "self_play_games": int(jax.device_get(
+                     self._program.counts(self._state).games_finished))}
         report = Report(stats, fields, stopped_by, record_now=bool(fields))
         self._last = (report, snapshot, now)
         return report
@@ -185,11 +195,9 @@ class SelfPlayRun:
         before = self._snapshot()
         fields = self._evaluate(before.learner_steps)
         schedule = {}
-        if self._agent.learning_rate_schedule == "linear":
-            schedule["learning_rate_factor"] = learning_rate_factor(
-                before.env_steps, self._config.total_env_steps)
-            self._state = set_learning_rate_factor(self._state,
-                                                   schedule["learning_rate_factor"])
+        if self._schedule is not None:  # The self-play state holds the training state.
+            self._state = self._schedule.apply(self._state, before.env_steps)
+            schedule = self._schedule.metrics()
         self._state, metrics = self._program.iterate(self._state)
         self._metrics = {**metrics, **schedule}
         snapshot = self._snapshot()  # Waits for the call.
@@ -220,8 +228,9 @@ def _rate(steps: int, seconds: float) -> float:
     return round(steps / seconds, 1) if seconds > 0 else 0.0
 
 
-def execution(builder: Any, env_factory: Any, config: Any, run_dir: str, settings: Platform,
-              resume: tuple[int, Mapping[str, Any]] | None, quiet: bool = False) -> Execution:
+def execution(builder: SelfPlayAgent, env_factory: EnvFactory, config: ExperimentConfig,
+              run_dir: str, settings: Platform, resume: tuple[int, Mapping[str, Any]] | None,
+              quiet: bool = False) -> Execution:
     """Self-play on anakin (the session's table's signature; nothing to be quiet about).
 
     Raises:

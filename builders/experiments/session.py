@@ -32,8 +32,18 @@ from typing import Any
 
 import jax
 
-from trellis.builders.contract.agent import EPISODES, REPLAY, SELF_PLAY, UNROLLS, Builder
+from trellis.builders.contract.agent import (
+    EPISODES,
+    REPLAY,
+    SELF_PLAY,
+    UNROLLS,
+    Agent,
+    Builder,
+    lacking,
+)
 from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.contract.population import PopulationSearch
+from trellis.builders.contract.self_play import SelfPlayAgent
 from trellis.builders.experiments import es_run, self_play_run
 from trellis.builders.experiments.anakin_run import AnakinRun
 from trellis.builders.experiments.checkpointing import latest_checkpoint
@@ -59,6 +69,11 @@ from trellis.builders.experiments.rundir import (
     read_json,
     versions,
     write_json,
+)
+from trellis.builders.experiments.schedule import (
+    HyperParamsError,
+    asked_hparams,
+    require_hparams,
 )
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.contract import EnvFactory, Players
@@ -107,12 +122,19 @@ class Summary:
         return record
 
 
-def check_supported(builder: Builder, platform: str, env_factory: EnvFactory) -> None:
-    """Raises UnsupportedError when the agent's capabilities do not cover `platform`, or the
-    env: who acts in it, as its factory declares (`players`, envs/contract.py): multi-agent
-    envs are for multi-agent agents only, two-player games for self-play agents only."""
+def check_supported(builder: Agent, platform: str, env_factory: EnvFactory) -> None:
+    """Raises UnsupportedError when the agent does not provide its kind's protocol
+    (`EXECUTIONS`), or its capabilities do not cover `platform`, or the env: who acts in it,
+    as its factory declares (`players`, envs/contract.py): multi-agent envs are for
+    multi-agent agents only, two-player games for self-play agents only."""
     capabilities = builder.capabilities
     name = type(builder).__name__
+    kind = EXECUTIONS[capabilities.learns_from].protocol
+    missing = lacking(builder, kind)
+    if missing:
+        raise UnsupportedError(
+            f"{name} learns from {capabilities.learns_from}, so it must be a {kind.__name__} "
+            f"({kind.__module__}); it lacks {', '.join(missing)}")
     env = env_factory.env_id
     multi_agent_env = env_factory.players is Players.MULTI_AGENT
     if multi_agent_env != capabilities.multi_agent:
@@ -147,7 +169,22 @@ def check_supported(builder: Builder, platform: str, env_factory: EnvFactory) ->
             "on the host only (use --platform=local_mp)")
 
 
-def check_env_buffers(builder: Builder, platform: str, config: ExperimentConfig) -> None:
+def check_hparams(builder: Agent, settings: Platform, env_factory: EnvFactory) -> None:
+    """Raises UnsupportedError when the run sets hyper-parameters (a learning-rate schedule,
+    `--member_hparams`, PBT) and the agent's `Training` gives no access to them."""
+    population = isinstance(settings, PopulationSettings)
+    asked = asked_hparams(builder, member_hparams=population and bool(settings.hparams),
+                          pbt=population and settings.pbt is not None)
+    if asked is None:
+        return
+    spec = env_factory.spec()
+    try:
+        require_hparams(builder, builder.make_training(builder.make_networks(spec), spec), asked)
+    except HyperParamsError as e:
+        raise UnsupportedError(str(e)) from None
+
+
+def check_env_buffers(builder: Agent, platform: str, config: ExperimentConfig) -> None:
     """Raises UnsupportedError where `--env_buffers` > 1 has nothing to split: only the host
     platforms' env workers of gradient agents step at central inference."""
     if config.env_buffers == 1:
@@ -300,19 +337,28 @@ def _gradient_execution(builder: Builder, env_factory: EnvFactory, config: Exper
                       None if resume_from is None else resume_from[0])
 
 
-# The platform's execution, by what the agent learns from (`Capabilities.learns_from`): each
-# kind builds its anakin program or its program graph for the host platforms, all called with
-# (builder, env_factory, config, run_dir, platform settings, resume_from, quiet).
-EXECUTIONS: dict[str, Callable[..., Execution]] = {
-    UNROLLS: _gradient_execution,
-    REPLAY: _gradient_execution,
-    EPISODES: es_run.execution,
-    SELF_PLAY: self_play_run.execution,
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A kind of agent: the protocol its builders provide, and its execution, which builds
+    its anakin program or its program graph for the host platforms, typed by that protocol
+    and called with (builder, env_factory, config, run_dir, platform settings, resume_from,
+    quiet) once `check_supported` has checked the builder provides the protocol."""
+
+    protocol: type
+    execution: Callable[..., Execution]
+
+
+# The kinds, by what the agent learns from (`Capabilities.learns_from`).
+EXECUTIONS: dict[str, Kind] = {
+    UNROLLS: Kind(Builder, _gradient_execution),
+    REPLAY: Kind(Builder, _gradient_execution),
+    EPISODES: Kind(PopulationSearch, es_run.execution),
+    SELF_PLAY: Kind(SelfPlayAgent, self_play_run.execution),
 }
 
 
 def run_experiment(
-    builder: Builder,
+    builder: Agent,
     env_factory: EnvFactory | object,
     config: ExperimentConfig,
     run_dir: str,
@@ -328,7 +374,8 @@ def run_experiment(
     """Trains `builder` on `env_factory`'s envs until `config` says stop; returns the summary.
 
     Args:
-      builder: the agent (builders.contract.agent.Builder).
+      builder: the agent, of any kind (`EXECUTIONS`: builders.contract.agent.Builder,
+        .population.PopulationSearch, .self_play.SelfPlayAgent).
       env_factory: the env's factory (envs.EnvFactory, e.g. `envs.make_env_factory(ID)`), or
         what `envs.as_env_factory` makes one of: an env id, a Gymnasium env constructor, a
         gymnax, Brax, Playground or JaxMARL-API env object.
@@ -351,7 +398,8 @@ def run_experiment(
 
     Raises:
       builders.experiments.checkpointing.CheckpointError: `resume` and no readable checkpoint.
-      UnsupportedError: the agent cannot run on this platform (one line).
+      UnsupportedError: the agent cannot run on this platform, or lacks what its kind or the
+        run's hyper-parameters need (one line).
       builders.experiments.anakin_run.AnakinError: the env or hyper-parameters do not fit
         the anakin platform.
       TypeError: `env_factory` is neither a factory nor what `envs.as_env_factory` takes.
@@ -360,6 +408,7 @@ def run_experiment(
     settings = platform_settings(platform)
     name = platform_name(settings)
     check_supported(builder, name, env_factory)
+    check_hparams(builder, settings, env_factory)
     check_env_buffers(builder, name, config)
     os.makedirs(run_dir, exist_ok=True)
     resume_from = latest_checkpoint(run_dir) if resume else None  # Errors before anything.
@@ -367,7 +416,7 @@ def run_experiment(
     options = options or {"env": env_factory.env_id}
     session = Session(config, run_dir, quiet=quiet, resume_progress=resume_progress,
                       extra_metrics=extra_metrics, on_stats=on_stats)
-    execution = EXECUTIONS[builder.capabilities.learns_from](
+    execution = EXECUTIONS[builder.capabilities.learns_from].execution(
         builder, env_factory, config, run_dir, settings, resume_from, quiet)
     # Once the execution has its state (an in-process one restored it, a program graph checked
     # the checkpoint fits): a resume that cannot go on keeps the run's settings, not its own.
@@ -424,7 +473,7 @@ def _asdict(obj: Any) -> Any:
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else repr(obj)
 
 
-def _write_config(run_dir: str, builder: Builder, config: ExperimentConfig,
+def _write_config(run_dir: str, builder: Agent, config: ExperimentConfig,
                   options: Mapping[str, Any], argv: list[str] | None,
                   resume_steps: int | None) -> None:
     """config.json: the run's settings (launch/flags.py reads them back) and its record."""
