@@ -27,8 +27,10 @@ from typing import Any, Protocol
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
-from trellis.builders.contract.agent import Policy, Training
+from trellis.agents.common.training import STATE_HPARAMS
+from trellis.builders.contract.agent import Policy, Training, Update
 from trellis.builders.contract.config import Config, setting
 from trellis.builders.contract.policy_mapping import (
     PolicyGroup,
@@ -76,7 +78,8 @@ class PerPolicyNetworks(Protocol):
       agents: every agent, in the groups' order.
     """
 
-    groups: tuple[PolicyGroup, ...]
+    @property
+    def groups(self) -> tuple[PolicyGroup, ...]: ...
 
     @property
     def agents(self) -> tuple[str, ...]: ...
@@ -106,7 +109,7 @@ def group_batch(networks: PerPolicyNetworks, group: PolicyGroup,
     t1, b = step.first.shape
     n = len(group.agents)
 
-    def flat(x):  # [T + 1, B, ...] -> [(T + 1) * B, ...]
+    def flat(x: jax.Array) -> jax.Array:  # [T + 1, B, ...] -> [(T + 1) * B, ...]
         return x.reshape((t1 * b,) + x.shape[2:])
 
     def per_agent(fields: Mapping[str, jax.Array]) -> jax.Array:  # -> [T + 1, B * n, ...]
@@ -170,11 +173,13 @@ def per_policy_training(networks: PerPolicyNetworks, trainings: Mapping[str, Tra
         return MultiPolicyState({group.policy: trainings[group.policy].init(k)
                                  for group, k in zip(networks.groups, keys, strict=True)})
 
-    def make_update(mesh: Any):
+    def make_update(mesh: Mesh | None) -> Update:
         updates = {policy: training.make_update(mesh) for policy, training in trainings.items()}
 
-        def update(state: MultiPolicyState, batch: Mapping[str, Any]):
-            policies, metrics = {}, agent_metrics(batch["obs"], networks.agents)
+        def update(state: MultiPolicyState, batch: Mapping[str, Any]
+                   ) -> tuple[MultiPolicyState, dict[str, jax.Array]]:
+            policies: dict[str, Any] = {}
+            metrics = agent_metrics(batch["obs"], networks.agents)
             for group in networks.groups:
                 policies[group.policy], group_metrics = updates[group.policy](
                     state.policies[group.policy], group_batch(networks, group, batch))
@@ -184,7 +189,7 @@ def per_policy_training(networks: PerPolicyNetworks, trainings: Mapping[str, Tra
 
         return update
 
-    return Training(init, make_update)
+    return Training(init, make_update, hparams=STATE_HPARAMS)
 
 
 def per_policy_policy(networks: PerPolicyNetworks, policies: Mapping[str, Policy]) -> Policy:
