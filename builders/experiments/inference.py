@@ -61,6 +61,7 @@ from trellis.builders.experiments.env_worker import (
 from trellis.envs.multi_agent import MultiAgentSpec
 from trellis.envs.specs import EnvSpec
 from trellis.launch.runtime import shm
+from trellis.launch.runtime.priority import lower_thread_priority
 
 Episodes = Sequence[tuple[float, int]]
 
@@ -529,6 +530,9 @@ class InferenceServer:
         self._compiled_sizes = (largest,)
 
         def compile_the_rest() -> None:
+            # Batches pad to a size compiled already meanwhile: these compiles may wait for
+            # idle cores (on 2 cores they took the serving thread's, 2026-11-28).
+            lower_thread_priority()
             for n in reversed(self._batch_sizes[:-1]):
                 self._lower(n).compile()
                 self._compiled_sizes = (n, *self._compiled_sizes)
