@@ -77,6 +77,8 @@ def test_every_snippet_is_run_here():
     assert set(SNIPPETS) == run_here
 
 
+# Slow: tests/test_user_envs.py trains this way in the default suite; here the doc runs as written.
+@pytest.mark.slow
 def test_module_id_trains_to_its_threshold(site, tmp_path):
     summary = run_command("module_id", site, tmp_path / "run")
     assert summary["env"] == "mycart:MyCart-v0"
@@ -98,6 +100,8 @@ def test_kwargs_and_wrappers_reach_the_env_workers(site, tmp_path):
     assert saved["env_wrappers"] == ["mycart:short_episodes"]
 
 
+# Slow: tests/test_user_envs.py trains this way in the default suite; here the doc runs as written.
+@pytest.mark.slow
 def test_an_env_registered_here_trains_on_local_mp(tmp_path, monkeypatch):
     """The block runs as a script's __main__ (what a notebook's cells are too): its class is
     no module's, so the env workers get it by value with the factory."""
@@ -115,6 +119,8 @@ def test_an_env_registered_here_trains_on_local_mp(tmp_path, monkeypatch):
     assert summary["mean_return"] >= 150.0, summary
 
 
+# Slow: tests/test_user_envs.py trains this way in the default suite; here the doc runs as written.
+@pytest.mark.slow
 def test_a_gymnax_object_trains_with_ppo_on_anakin(tmp_path, monkeypatch):
     pytest.importorskip("gymnax", reason="gymnax is an optional extra (pip install -e '.[gymnax]')")
     monkeypatch.chdir(tmp_path)
@@ -125,6 +131,8 @@ def test_a_gymnax_object_trains_with_ppo_on_anakin(tmp_path, monkeypatch):
     assert summary["stopped_by"] == "return_target" and summary["mean_return"] >= 150.0, summary
 
 
+# Slow: tests/test_user_envs.py trains this way in the default suite; here the doc runs as written.
+@pytest.mark.slow
 def test_a_multi_agent_env_of_ones_own_trains_with_ippo(tmp_path, monkeypatch, fresh_registry):
     """A random team returns 16 / 3 over 8 steps, the best team 16."""
     monkeypatch.chdir(tmp_path)
