@@ -1,4 +1,4 @@
-"""launch/flags.py: every setting reachable from flags and files, one-line errors, saved runs."""
+"""launch/flags/: every setting reachable from flags and files, one-line errors, saved runs."""
 
 import dataclasses
 import json
