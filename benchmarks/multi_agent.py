@@ -58,7 +58,7 @@ def random_return(episodes: int) -> float:
     import jax
     import numpy as np
 
-    from trellis.builders.experiments.anakin import play_episodes
+    from trellis.builders.experiments.device_evaluation import play_episodes
     from trellis.envs import make_env_factory
     from trellis.envs.jax_multi_agent import TeamEnv, random_policy
 

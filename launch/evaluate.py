@@ -28,13 +28,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from trellis.builders.contract.agent import EPISODES, SELF_PLAY  # noqa: E402
-from trellis.builders.experiments.anakin import play_episodes  # noqa: E402
 from trellis.builders.experiments.anakin_run import AnakinError, restore_member  # noqa: E402
 from trellis.builders.experiments.checkpointing import (  # noqa: E402
     Checkpointer,
     CheckpointError,
     checkpoint_dir,
 )
+from trellis.builders.experiments.device_evaluation import play_episodes  # noqa: E402
 from trellis.builders.experiments.evaluation import run_episodes, summarize  # noqa: E402
 from trellis.builders.experiments.self_play_run import outcome_rates, restore_params  # noqa: E402
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, load_run  # noqa: E402

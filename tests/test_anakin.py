@@ -24,14 +24,13 @@ from tests.multidevice import assert_devices_match, run_with_cpu_devices  # noqa
 from trellis.agents.common import init_training_state  # noqa: E402
 from trellis.agents.ppo import Builder as PPOBuilder  # noqa: E402
 from trellis.agents.ppo import Config as PPOConfig  # noqa: E402
-from trellis.builders.experiments.anakin import (  # noqa: E402
-    Anakin,
+from trellis.builders.experiments.anakin import Anakin, Population  # noqa: E402
+from trellis.builders.experiments.curves import _member_returns, plot_run  # noqa: E402
+from trellis.builders.experiments.device_episodes import (  # noqa: E402
     Episodes,
-    Population,
     track_episodes,
     window_in_order,
 )
-from trellis.builders.experiments.curves import _member_returns, plot_run  # noqa: E402
 from trellis.builders.experiments.env_worker import EpisodeTracker  # noqa: E402
 from trellis.builders.experiments.session import COMPILE_CACHE_SUBDIR  # noqa: E402
 from trellis.envs import GymnaxFactory, make_env_factory  # noqa: E402

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("jaxmarl", reason="jaxmarl is an optional extra (pip install -e '.[marl]')")
 
-from trellis.builders.experiments.anakin import play_episodes  # noqa: E402
 from trellis.builders.experiments.anakin_run import restore_member  # noqa: E402
+from trellis.builders.experiments.device_evaluation import play_episodes  # noqa: E402
 from trellis.envs import make_env_factory  # noqa: E402
 from trellis.envs.jax_multi_agent import TeamEnv, random_policy  # noqa: E402
 from trellis.launch import run  # noqa: E402

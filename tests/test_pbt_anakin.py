@@ -19,12 +19,14 @@ import jax.numpy as jnp  # noqa: E402
 from tests.test_anakin import CARTPOLE, small_ppo_anakin  # noqa: E402
 from trellis.agents.common import STATE_HPARAMS, get_hparams, set_hparams  # noqa: E402
 from trellis.builders.experiments import anakin as anakin_module  # noqa: E402
-from trellis.builders.experiments.anakin import (  # noqa: E402
+from trellis.builders.experiments.device_episodes import (  # noqa: E402
     Episodes,
-    exploit_and_explore,
-    explore,
     track_episodes,
     window_in_order,
+)
+from trellis.builders.experiments.device_pbt import (  # noqa: E402
+    exploit_and_explore,
+    explore,
     window_means,
 )
 from trellis.builders.experiments.pbt import Dimension, PBTConfig, PopulationPBT, quantile_size  # noqa: E402

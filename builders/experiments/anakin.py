@@ -16,11 +16,12 @@ one program. The env batch axis is
 sharded over the local devices, as the learner's batch is; everything else is replicated.
 With PBT (`PopulationPBT`), every K updates the bottom members copy top members' training
 states by a gather over the member axis and perturb their hyper-parameters, in the same
-program (`exploit_and_explore`).
+program (`device_pbt`).
 
 The host only calls the compiled step (`updates_per_call` updates of every member) and, in
 between, logs, shows progress, checkpoints and checks the stop rule on each member's return
-window (kept on the device: `Episodes`), with the same statistics as the Gymnasium path.
+window (kept on the device: `device_episodes`), with the same statistics as the Gymnasium
+path. Greedy episodes on JAX envs, for evaluation, are `device_evaluation`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,65 +42,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trellis.agents.common.replay import DeviceReplay
 from trellis.builders.contract.hparams import HyperParams, learning_rate_factor
 from trellis.builders.experiments.counter import CounterSnapshot
-from trellis.builders.experiments.pbt import LISTS, Dimension, PopulationPBT, quantile_size
+from trellis.builders.experiments.device_episodes import Episodes, track_episodes, window_in_order
+from trellis.builders.experiments.device_pbt import exploits, pbt_round
+from trellis.builders.experiments.pbt import PopulationPBT
 from trellis.builders.experiments.schedule import NO_HPARAMS
-
-# --- Episode statistics on the device ---------------------------------------------------
-
-
-@flax.struct.dataclass
-class Episodes:
-    """Running episodes of B envs and the window of the last W finished ones.
-
-    Attributes:
-      episode_return, episode_length: [B] of the episodes under way.
-      returns, lengths: [W] ring buffers of finished episodes; slot `i % W` holds the i-th.
-      count: episodes finished so far.
-      window_start: the first episode the window counts (0; a PBT exploit restarts it, so a
-        member's window holds only episodes it played after its latest copy).
-    """
-
-    episode_return: jax.Array
-    episode_length: jax.Array
-    returns: jax.Array
-    lengths: jax.Array
-    count: jax.Array
-    window_start: jax.Array
-
-    @classmethod
-    def zeros(cls, num_envs: int, window: int) -> Episodes:
-        return cls(jnp.zeros(num_envs, jnp.float32), jnp.zeros(num_envs, jnp.int32),
-                   jnp.zeros(window, jnp.float32), jnp.zeros(window, jnp.int32),
-                   jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-
-
-def track_episodes(episodes: Episodes, reward: jax.Array, done: jax.Array,
-                   first: jax.Array) -> Episodes:
-    """Adds one step of B envs, as `builders.env_worker.EpisodeTracker` does on the host.
-
-    A `first` step starts an episode (return and length 0); a `done` step ends one, which
-    enters the window. When more than W end at once, the window keeps the last W of them.
-    """
-    window = episodes.returns.shape[0]
-    episode_return = jnp.where(first, 0.0, episodes.episode_return + reward)
-    episode_length = jnp.where(first, 0, episodes.episode_length + 1)
-    rank = jnp.cumsum(done) - 1  # Order of the episodes ending on this step.
-    ended = jnp.sum(done)
-    keep = done & (rank >= ended - window)
-    slot = jnp.where(keep, (episodes.count + rank) % window, window)  # window: dropped.
-    return Episodes(
-        episode_return, episode_length,
-        episodes.returns.at[slot].set(episode_return, mode="drop"),
-        episodes.lengths.at[slot].set(episode_length, mode="drop"),
-        episodes.count + ended.astype(jnp.int32), episodes.window_start)
-
-
-def window_in_order(values: np.ndarray, count: int, start: int = 0) -> np.ndarray:
-    """A ring buffer's window oldest first: the last min(count - start, W) episodes."""
-    window = values.shape[0]
-    held = min(count - start, window)
-    return values[np.arange(count - held, count) % window]
-
 
 # --- One member's act-and-learn step ----------------------------------------------------
 
@@ -282,190 +227,14 @@ class Anakin:
             population, metrics = jax.vmap(self.member_update)(population)
             if pbt is None:
                 return population, (metrics, None)
-            # Member 0's acting key, folded with a constant: a stream of its own that is part
-            # of the state, so a resumed run draws what an uninterrupted one would.
-            key = jax.random.fold_in(population.key[0], _PBT_STREAM)
             due = population.updates[0] % interval == 0  # Members update in lockstep.
-            # Only what a round changes goes through the cond: its operands may be copied.
-            train, episodes, event = jax.lax.cond(
-                due, functools.partial(exploit_and_explore, key=key, pbt=pbt,
-                                       hparams=self.hparams),
-                functools.partial(no_pbt_round, hparams=self.hparams),
-                population.train, population.episodes)
+            train, episodes, event = pbt_round(population.train, population.episodes,
+                                               population.key[0], due, pbt, self.hparams)
             return population.replace(train=train, episodes=episodes), (metrics, event)
 
         population, (metrics, events) = jax.lax.scan(body, population, None,
                                                      length=num_updates)
         return population, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics), events
-
-
-# --- Population-based training on the device --------------------------------------------
-
-_PBT_STREAM = 0x504254  # "PBT".
-
-
-def window_means(episodes: Episodes) -> jax.Array:
-    """Each member's mean return over its window ([M]); -inf before its first episode ends,
-    so a member without a score ranks last."""
-    window = episodes.returns.shape[-1]
-    held = jnp.minimum(episodes.count - episodes.window_start, window)
-    # Slot i holds the episode finished `age` episodes before the newest one.
-    age = (episodes.count[..., None] - 1 - jnp.arange(window)) % window
-    total = jnp.sum(jnp.where(age < held[..., None], episodes.returns, 0.0), axis=-1)
-    return jnp.where(held > 0, total / jnp.maximum(held, 1), -jnp.inf)
-
-
-def sample(dimension: Dimension, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Draws from a search dimension (float32): loguniform and uniform ranges, or one of a
-    choice's or grid's values.
-
-    Raises:
-      ValueError: a kind PBT on the device does not resample (randint).
-    """
-    kind, values = dimension.kind, dimension.values
-    if kind in LISTS:
-        return jnp.asarray(values, jnp.float32)[jax.random.randint(key, shape, 0, len(values))]
-    if kind == "loguniform":
-        return jnp.exp(jax.random.uniform(key, shape, minval=math.log(values[0]),
-                                          maxval=math.log(values[1])))
-    if kind == "uniform":
-        return jax.random.uniform(key, shape, minval=values[0], maxval=values[1])
-    raise ValueError(f"PBT on the device resamples loguniform, uniform and list dimensions, "
-                     f"not {kind}")
-
-
-def explore(hparams: Mapping[str, jax.Array], key: jax.Array,
-            pbt: PopulationPBT) -> dict[str, jax.Array]:
-    """Tune's explore, per member ({name: [M]}): each searched hyper-parameter is drawn afresh
-    from its dimension with probability `pbt_resample_probability`, else multiplied by one of
-    the two `pbt_perturb` factors, each with probability 1/2. Others are kept."""
-    out = dict(hparams)
-    for name, name_key in zip(sorted(pbt.search), jax.random.split(key, len(pbt.search)),
-                              strict=True):
-        resample_key, factor_key, draw_key = jax.random.split(name_key, 3)
-        value = hparams[name]
-        factor = jnp.asarray(pbt.config.pbt_perturb, value.dtype)[
-            jax.random.randint(factor_key, value.shape, 0, 2)]
-        resample = jax.random.uniform(resample_key, value.shape) < (
-            pbt.config.pbt_resample_probability)
-        out[name] = jnp.where(resample, sample(pbt.search[name], draw_key, value.shape),
-                              value * factor).astype(value.dtype)
-    return out
-
-
-@flax.struct.dataclass
-class PBTEvent:
-    """One update's PBT round, [M] per member: `donor` is the member each one copied (itself
-    if it did not), `score` the mean returns it was ranked by, `before` and `after` the
-    hyper-parameters {name: [M]} before and after the round; `round` whether one ran."""
-
-    round: jax.Array
-    donor: jax.Array
-    score: jax.Array
-    before: dict[str, jax.Array]
-    after: dict[str, jax.Array]
-
-
-def exploit_and_explore(train: Any, episodes: Episodes, key: jax.Array, pbt: PopulationPBT,
-                        hparams: HyperParams) -> tuple[Any, Episodes, PBTEvent]:
-    """A PBT round over the members' training states and return windows (leaves [M, ...]),
-    as Tune's PopulationBasedTraining does it between trials: the members are ranked by their
-    window's mean return; each one in the bottom `pbt_quantile` copies a member of the top
-    quantile drawn at random (its training state: params, optimizer state, RNG key, step
-    counter), empties its own return window, and takes that member's hyper-parameters
-    through `explore`. A gather over the member axis: nothing leaves the device.
-
-    Returns:
-      (train, episodes, the round's event).
-    """
-    score = window_means(episodes)
-    num_members = score.shape[0]
-    size = quantile_size(num_members, pbt.config.pbt_quantile)
-    order = jnp.argsort(score)  # Worst first; ties in member order.
-    donor_key, explore_key = jax.random.split(key)
-    chosen = order[num_members - size + jax.random.randint(donor_key, (size,), 0, size)]
-    donor = jnp.arange(num_members).at[order[:size]].set(chosen)
-    copied = jax.tree.map(lambda x: x[donor], train)
-    before = hparams.get(train)
-    explored = explore(hparams.get(copied), explore_key, pbt)
-    exploits = donor != jnp.arange(num_members)
-    after = {name: jnp.where(exploits, v, before[name]) for name, v in explored.items()}
-    # The copy starts an empty window (and keeps its envs' episodes under way and its episode
-    # count): its mean return, its rank at the next round and whether it solved then count
-    # only episodes it played itself, never the donor's. Copying the window let a whole
-    # population "solve" the moment its bottom members copied solved donors.
-    episodes = episodes.replace(
-        window_start=jnp.where(exploits, episodes.count, episodes.window_start))
-    return (hparams.set(copied, after), episodes,
-            PBTEvent(jnp.asarray(True), donor, score, before, after))
-
-
-def exploits(events: PBTEvent, last_step: int, steps_per_update: int) -> list[dict[str, Any]]:
-    """One dict per member that exploited another in a call's events (host arrays, leaves
-    [U, ...] over its U updates, the last at learner step `last_step`): `env_steps` (per
-    member) of the round, `member`, `donor`, their `member_return` and `donor_return` (the
-    window means they were ranked by; None before a member's first episode ended), and the
-    hyper-parameters: the member's `before`, the donor's `donor_hparams` and the member's
-    `after`."""
-    out = []
-    num_updates = events.round.shape[0]
-    for u in np.flatnonzero(events.round):
-        env_steps = (last_step - num_updates + 1 + int(u)) * steps_per_update
-        donor = events.donor[u]
-        for member in np.flatnonzero(donor != np.arange(donor.shape[0])):
-            d = int(donor[member])
-            out.append({
-                "env_steps": env_steps, "member": int(member), "donor": d,
-                "member_return": _finite(events.score[u, member]),
-                "donor_return": _finite(events.score[u, d]),
-                "before": {k: float(v[u, member]) for k, v in events.before.items()},
-                "donor_hparams": {k: float(v[u, d]) for k, v in events.before.items()},
-                "after": {k: float(v[u, member]) for k, v in events.after.items()}})
-    return out
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if np.isfinite(x) else None
-
-
-def no_pbt_round(train: Any, episodes: Episodes, hparams: HyperParams
-                 ) -> tuple[Any, Episodes, PBTEvent]:
-    """`exploit_and_explore`'s result when no round is due: everything unchanged."""
-    values = hparams.get(train)
-    members = jnp.arange(episodes.count.shape[0])
-    return train, episodes, PBTEvent(jnp.asarray(False), members, window_means(episodes),
-                                     values, values)
-
-
-def play_episodes(env: Any, policy: Callable, params: Any, initial_state: Mapping[str, Any],
-                  num_episodes: int, key: jax.Array) -> jax.Array:
-    """Returns [num_episodes] of one episode in each of `num_episodes` fresh envs (jittable).
-
-    Args:
-      env: a `JaxEnv`; its time limit ends every episode.
-      policy: e.g. the agent's greedy policy (`make_policy(networks, evaluation=True)`).
-      params: the policy's params.
-      initial_state: the policy state of `num_episodes` env slots.
-      num_episodes: envs, one episode each.
-      key: for the envs and the policy.
-    """
-    reset_key, key = jax.random.split(key)
-    env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, num_episodes))
-
-    def body(carry):
-        env_state, timestep, policy_state, returns, finished, key = carry
-        key, act_key, env_key = jax.random.split(key, 3)
-        actions, _, policy_state = policy(params, act_key, timestep.obs, policy_state,
-                                          timestep.first)
-        env_state, timestep = jax.vmap(env.step)(
-            jax.random.split(env_key, num_episodes), env_state, actions)
-        returns = returns + jnp.where(finished, 0.0, timestep.reward)
-        finished = finished | timestep.terminated | timestep.truncated
-        return env_state, timestep, policy_state, returns, finished, key
-
-    carry = (env_state, timestep, dict(initial_state), jnp.zeros(num_episodes, jnp.float32),
-             jnp.zeros(num_episodes, bool), key)
-    return jax.lax.while_loop(lambda c: ~jnp.all(c[4]), body, carry)[3]
 
 
 # --- The population on the devices -------------------------------------------------------
