@@ -25,7 +25,8 @@ from common import rounded
 
 from trellis.builders.contract.agent import ArraySpec
 from trellis.builders.experiments.feeds import UnrollBatcher
-from trellis.builders.experiments.inference import UnrollRecorder, gather
+from trellis.builders.experiments.inference_batching import gather
+from trellis.builders.experiments.unroll_recorder import UnrollRecorder
 
 # The flags of this script's smoke run in the default test suite (tests/test_benchmarks.py).
 SMOKE_FLAGS = ["--workers=2", "--envs_per_worker=4", "--rounds=30", "--repeats=1"]

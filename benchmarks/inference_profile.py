@@ -7,8 +7,9 @@ Runs an `InferenceServer` in this process with shared-memory slots, as the learn
 and `--workers` env-worker processes (`EnvWorker` stepping `sleep:MS` envs, each its own
 process as on local_mp) against it; times the serving thread's phases for `--seconds` once
 every worker has stepped, and prints them, then one JSON line:
-  wait: `_gather` (polling for requests, and waiting for more until the batch timeout);
-  policy: `_act_on` (the jitted policy on the padded batch and its device_get);
+  wait: `Batching.next_batch` (polling for requests, and waiting for more until the batch
+    timeout);
+  policy: `BatchedPolicy.act` (the jitted policy on the padded batch and its device_get);
   record: the recorder's copies of each worker's step into its unroll;
   host: the rest of `_serve_batch`: the batch's inputs from the workers' slots, the actions
     back into them, each worker's wake-up.
@@ -30,8 +31,8 @@ import numpy as np
 from common import rounded
 
 from trellis.builders.contract.agent import ArraySpec
-from trellis.builders.experiments.env_worker import EnvWorker, shm_layout
-from trellis.builders.experiments.inference import InferenceServer, step_specs
+from trellis.builders.experiments.env_worker import EnvWorker
+from trellis.builders.experiments.inference import InferenceServer, InferenceSettings, ServedPolicy
 from trellis.envs import make_env_factory
 from trellis.launch.runtime import node_context
 
@@ -90,12 +91,12 @@ def main() -> None:
     stop = multiprocessing.get_context("spawn").Event()
     steps = [0]
     server = InferenceServer(
-        jax.jit(_policy), params, jax.random.PRNGKey(0),
-        step_specs(spec, {"logits": ArraySpec((spec.num_actions,), "float32")}),
-        args.workers, args.envs_per_worker, unroll_length=20,
+        ServedPolicy(jax.jit(_policy), params, jax.random.PRNGKey(0), spec,
+                     {"logits": ArraySpec((spec.num_actions,), "float32")}),
+        InferenceSettings(args.workers, args.envs_per_worker, unroll_length=20,
+                          shared_memory=True),
         on_unroll=lambda unroll, versions: None, stop=stop,
-        on_steps=lambda n, episodes: steps.__setitem__(0, steps[0] + n),
-        shared_memory=shm_layout(spec, args.envs_per_worker))
+        on_steps=lambda n, episodes: steps.__setitem__(0, steps[0] + n))
     server.start()
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_worker, args=(env_id, server.shm_address(), i,
@@ -109,10 +110,11 @@ def main() -> None:
             time.sleep(0.1)
         totals: dict[str, float] = collections.defaultdict(float)
         counts: collections.Counter = collections.Counter()
-        for name in ("_gather", "_serve_batch", "_act_on"):
-            setattr(server, name, _timed(totals, counts, name, getattr(server, name)))
-        recorder = server._recorder
-        recorder.record = _timed(totals, counts, "record", recorder.record)
+        for part, name, label in ((server._batching, "next_batch", "wait"),
+                                  (server, "_serve_batch", "batch"),
+                                  (server._policy, "act", "policy"),
+                                  (server._recorder, "record", "record")):
+            setattr(part, name, _timed(totals, counts, label, getattr(part, name)))
         start_steps, start = steps[0], time.perf_counter()
         time.sleep(args.seconds)
         elapsed, stepped = time.perf_counter() - start, steps[0] - start_steps
@@ -121,8 +123,8 @@ def main() -> None:
         for worker in workers:
             worker.join(30)
         server.join(30)
-    batches, requests = counts["_serve_batch"], counts["record"]
-    host = totals["_serve_batch"] - totals["_act_on"] - totals["record"]
+    batches, requests = counts["batch"], counts["record"]
+    host = totals["batch"] - totals["policy"] - totals["record"]
     # Every env sleeping its step's time and nothing else; sleep:0 has no such bound.
     ideal = (args.workers * args.envs_per_worker / (args.sleep_ms / 1000) if args.sleep_ms
              else None)
@@ -132,8 +134,8 @@ def main() -> None:
         "env_steps_per_s": stepped / elapsed,
         "of_ideal": stepped / elapsed / ideal if ideal else None,
         "batches": batches, "requests_per_batch": requests / batches,
-        "wait_ms_per_batch": 1e3 * totals["_gather"] / batches,
-        "policy_ms_per_batch": 1e3 * totals["_act_on"] / batches,
+        "wait_ms_per_batch": 1e3 * totals["wait"] / batches,
+        "policy_ms_per_batch": 1e3 * totals["policy"] / batches,
         "record_us_per_request": 1e6 * totals["record"] / requests,
         "host_us_per_request": 1e6 * host / requests,
         "host_ms_per_batch": 1e3 * host / batches,

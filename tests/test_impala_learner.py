@@ -11,7 +11,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-    from trellis.builders.experiments.inference import step_specs
+    from trellis.builders.experiments.step_format import step_specs
     from trellis.envs import GymnasiumFactory
 
     builder = ImpalaBuilder(ImpalaConfig(batch_size=8, unroll_length=6, core=CORE, lstm_size=16))

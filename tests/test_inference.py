@@ -12,10 +12,12 @@ from trellis.builders.contract.agent import ArraySpec
 from trellis.builders.experiments.feeds import UnrollBatcher
 from trellis.builders.experiments.inference import (
     InferenceServer,
-    UnrollRecorder,
-    gather,
-    step_specs,
+    InferenceSettings,
+    ServedPolicy,
 )
+from trellis.builders.experiments.inference_batching import Batching, gather
+from trellis.builders.experiments.inference_slots import Request
+from trellis.builders.experiments.unroll_recorder import UnrollRecorder
 from trellis.envs import EnvSpec
 
 SPEC = EnvSpec((3,), "float32", 4, (), "int32")
@@ -36,10 +38,9 @@ def keep(unrolls):
 def make_server(on_unroll, num_workers=3, k=4, unroll_length=5, timeout_s=0.05, act=policy):
     stop = threading.Event()
     server = InferenceServer(
-        jax.jit(act), W, jax.random.PRNGKey(0),
-        step_specs(SPEC, {"logits": ArraySpec((4,), "float32")}),
-        num_workers, k, unroll_length, on_unroll, stop, timeout_s=timeout_s,
-    )
+        ServedPolicy(jax.jit(act), W, jax.random.PRNGKey(0), SPEC,
+                     {"logits": ArraySpec((4,), "float32")}),
+        InferenceSettings(num_workers, k, unroll_length, timeout_s=timeout_s), on_unroll, stop)
     return server, stop
 
 
@@ -147,8 +148,8 @@ def _sampling_server(key, unrolls):
 
     stop = threading.Event()
     server = InferenceServer(
-        policy, W, key, step_specs(SPEC, {"u": ArraySpec((), "float32")}), 1, 4, 5,
-        lambda unroll, versions: unrolls.append(unroll), stop)
+        ServedPolicy(policy, W, key, SPEC, {"u": ArraySpec((), "float32")}),
+        InferenceSettings(1, 4, 5), lambda unroll, versions: unrolls.append(unroll), stop)
     server.start()
     rng = np.random.default_rng(0)
     for _ in range(6):
@@ -298,6 +299,36 @@ def test_gather_copies_the_workers_rows_in_the_order_given():
     gather(rows, np.array([4, 0]), out[:6])
     assert out[:6].tolist() == rows[[4, 0]].reshape(6, 2).tolist()
     assert (out[6:] == -1).all()
+
+
+def test_a_batch_takes_up_to_max_batch_envs_and_leaves_the_rest_to_the_next_one():
+    arrived = [[Request(w, run_id=1) for w in range(5)]]  # Five workers' steps, at once.
+    batching = Batching(lambda timeout_s: arrived.pop() if arrived else [],
+                        {"x": ArraySpec((), "float32")}, num_workers=5, envs_per_worker=4,
+                        max_batch=8, timeout_s=0.0)
+    assert batching.sizes == [4, 8]
+    assert [[r.worker_id for r in batching.next_batch()] for _ in range(4)] == [
+        [0, 1], [2, 3], [4], []]
+
+
+def test_a_batch_runs_at_the_smallest_compiled_size_that_holds_it():
+    compiled = []
+
+    class Lowered:
+        def __init__(self, n):
+            self.n = n
+
+        def compile(self):
+            compiled.append(self.n)
+
+    batching = Batching(lambda timeout_s: [], {"x": ArraySpec((), "float32")}, num_workers=5,
+                        envs_per_worker=4, max_batch=None, timeout_s=0.0)
+    batching.compile(Lowered).join(30)
+    assert compiled == [20, 16, 8, 4]  # The largest first: serving starts with it.
+    rows = {"x": np.arange(5 * 4, dtype=np.float32).reshape(5, 4)}  # [W, K]
+    assert batching.inputs(rows, np.array([3]))["x"].tolist() == rows["x"][3].tolist()
+    padded = batching.inputs(rows, np.array([4, 0, 2]))["x"]
+    assert padded.shape == (16,) and padded[:12].tolist() == rows["x"][[4, 0, 2]].ravel().tolist()
 
 
 def test_batcher_splits_chunks_into_batches_without_losing_columns():

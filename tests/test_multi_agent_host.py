@@ -23,9 +23,9 @@ from tests import processes
 from tests.test_inference import run_workers
 from trellis.agents.impala.multi_agent import IImpalaBuilder, IImpalaConfig
 from trellis.agents.ppo.multi_agent import IPPOBuilder, IPPOConfig
-from trellis.builders.experiments.env_worker import step_format
 from trellis.builders.experiments.evaluation import run_episodes
-from trellis.builders.experiments.inference import InferenceServer, step_specs
+from trellis.builders.experiments.inference import InferenceServer, InferenceSettings, ServedPolicy
+from trellis.builders.experiments.step_format import step_format
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
 from trellis.envs.pettingzoo_envs import PettingZooFactory
 from trellis.envs.specs import EnvSpec
@@ -83,10 +83,10 @@ def test_inference_serves_each_agent_with_its_policy_and_records_per_agent(agent
     k, workers, steps = 3, 2, 6
     unrolls, stop = [], threading.Event()
     server = InferenceServer(
-        jax.jit(builder.make_policy(networks, evaluation=True)), params, jax.random.PRNGKey(0),
-        step_specs(spec, builder.extras_spec(spec)), workers, k, 4,
-        lambda unroll, versions: unrolls.append(unroll), stop,
-        timeout_s=0.05, step_format=fmt)
+        ServedPolicy(jax.jit(builder.make_policy(networks, evaluation=True)), params,
+                     jax.random.PRNGKey(0), spec, builder.extras_spec(spec)),
+        InferenceSettings(workers, k, 4, timeout_s=0.05),
+        lambda unroll, versions: unrolls.append(unroll), stop)
     server.start()
     sent = {w: [] for w in range(workers)}
     got = {w: [] for w in range(workers)}

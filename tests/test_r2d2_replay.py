@@ -19,7 +19,7 @@ from trellis.agents.r2d2.builder import epsilon_ladder
 from trellis.agents.r2d2.learner import make_update
 from trellis.builders.contract.agent import REPLAY_KEY
 from trellis.builders.experiments.feeds import ReplayFeed, agent_table
-from trellis.builders.experiments.inference import InferenceServer, step_specs
+from trellis.builders.experiments.inference import InferenceServer, InferenceSettings, ServedPolicy
 from trellis.envs.specs import EnvSpec
 
 SPEC = EnvSpec((4,), "float32", 2, (), "int32")
@@ -73,10 +73,11 @@ def filled(steps=40, restart_at=16):
     queue_spec = builder.queue_spec()
     initial_state = builder.initial_state(SPEC, WORKERS * K)
     server = InferenceServer(
-        builder.make_policy(networks), networks.init(jax.random.PRNGKey(0)),
-        jax.random.PRNGKey(1), step_specs(SPEC, {}, initial_state), WORKERS, K,
-        queue_spec.unroll_length, feed.put, stop, timeout_s=0.0,
-        initial_state=initial_state, overlap=queue_spec.overlap)
+        ServedPolicy(builder.make_policy(networks), networks.init(jax.random.PRNGKey(0)),
+                     jax.random.PRNGKey(1), SPEC, {}, initial_state),
+        InferenceSettings(WORKERS, K, queue_spec.unroll_length, overlap=queue_spec.overlap,
+                          timeout_s=0.0),
+        feed.put, stop)
     server.start()
     rng = np.random.default_rng(0)
     envs = [SlotEnvs(w, 1, rng) for w in range(WORKERS)]

@@ -11,7 +11,9 @@ import pytest
 from tests.test_run import run, summary
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
 from trellis.builders.contract.agent import STATE_PREFIX, QueueSpec, recorded_state
-from trellis.builders.experiments.inference import InferenceServer, UnrollRecorder, step_specs
+from trellis.builders.experiments.inference import InferenceServer, InferenceSettings, ServedPolicy
+from trellis.builders.experiments.step_format import step_specs
+from trellis.builders.experiments.unroll_recorder import UnrollRecorder
 from trellis.envs import EnvSpec
 from trellis.launch import run as launch_run
 
@@ -39,11 +41,10 @@ def serve(builder, networks, params, num_workers, steps, overlap=1, rng_seed=0,
     unrolls = []
     initial_state = builder.initial_state(SPEC, num_workers * K)
     server = InferenceServer(
-        builder.make_policy(networks), params, jax.random.PRNGKey(1),
-        step_specs(SPEC, builder.extras_spec(SPEC), initial_state),
-        num_workers, K, T, lambda unroll, versions: unrolls.append(unroll), threading.Event(),
-        timeout_s=0.0,
-        initial_state=initial_state, overlap=overlap)
+        ServedPolicy(builder.make_policy(networks), params, jax.random.PRNGKey(1), SPEC,
+                     builder.extras_spec(SPEC), initial_state),
+        InferenceSettings(num_workers, K, T, overlap=overlap, timeout_s=0.0),
+        lambda unroll, versions: unrolls.append(unroll), threading.Event())
     server.start()
     rng = np.random.default_rng(rng_seed)
     inputs = []

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from trellis.builders.contract.agent import ArraySpec
-from trellis.builders.experiments.env_worker import EnvWorker, shm_layout
-from trellis.builders.experiments.inference import InferenceServer, step_specs
+from trellis.builders.experiments.env_worker import EnvWorker
+from trellis.builders.experiments.inference import InferenceServer, InferenceSettings, ServedPolicy
 from trellis.envs import GymnasiumFactory
 from trellis.launch.runtime import node_context, shm
 
@@ -67,12 +67,12 @@ def _run_worker(server, address, stop: threading.Event, until) -> Inference:
 
 def _server(unrolls, episodes, stop, shared_memory, act=policy):
     spec = GymnasiumFactory("CartPole-v1").spec()
-    specs = step_specs(spec, {"logits": ArraySpec((2,), "float32")})
     return InferenceServer(
-        jax.jit(act), W, jax.random.PRNGKey(0), specs, 1, K, 10,
+        ServedPolicy(jax.jit(act), W, jax.random.PRNGKey(0), spec,
+                     {"logits": ArraySpec((2,), "float32")}),
+        InferenceSettings(1, K, 10, shared_memory=shared_memory),
         lambda unroll, versions: unrolls.append(unroll), stop,
-        on_steps=lambda n, done: episodes.extend(done),
-        shared_memory=shm_layout(spec, K) if shared_memory else None)
+        on_steps=lambda n, done: episodes.extend(done))
 
 
 @pytest.mark.skipif(not shm.available(), reason="needs Linux memfd")

@@ -14,26 +14,33 @@ learned across an episode boundary, while the last observation of a truncated ep
 still there to bootstrap from.
 
 A multi-agent env (envs/multi_agent.py, e.g. PettingZoo's) is stepped the same way, its arrays
-keyed by agent flattened into named fields (`StepFormat`): `obs/<agent>`, `reward/<agent>`,
-`terminated/<agent>`, `truncated/<agent>`, `alive/<agent>`, the env's `first` and, where it
-has one, `global_state`; the actions come back as `action/<agent>`.
+keyed by agent flattened into named fields (the wire format, `step_format.StepFormat`):
+`obs/<agent>`, `reward/<agent>`, `terminated/<agent>`, `truncated/<agent>`, `alive/<agent>`,
+the env's `first` and, where it has one, `global_state`; the actions come back as
+`action/<agent>`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import secrets
-import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from trellis.builders.contract.agent import ArraySpec
+from trellis.builders.experiments.step_format import (
+    FAILED,
+    REQUEST,
+    STOPPING,
+    Episode,
+    StepFormat,
+    pack_hello,
+    step_format,
+)
 from trellis.envs.contract import HostEnvFactory
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep, episode_done
 from trellis.envs.specs import GAME_OVER, EnvSpec
@@ -41,159 +48,8 @@ from trellis.launch import runtime
 from trellis.launch.runtime import shm
 from trellis.launch.runtime.node_context import StopEvent
 
-# The one-byte messages of a shared-memory step: the worker's request, the server's answers.
-REQUEST, ACTIONS, STOPPING, FAILED = 1, 2, 3, 4
 # step(inputs {field: [K, ...]}, episodes) -> the envs' actions, or None when stopping.
 Step = Callable[[dict[str, np.ndarray], list[tuple[float, int]]], Any]
-Episode = tuple[float, int]  # (return, length); multi-agent: the team's return (all agents').
-
-
-@dataclasses.dataclass(frozen=True)
-class StepFormat:
-    """What an env worker and inference exchange per env and step, as named fields.
-
-    Single-agent: the inputs obs, reward, terminated, truncated, first; the action `action`.
-    Multi-agent (envs/multi_agent.py): `MultiAgentStep`'s fields flattened by agent,
-    `<field>/<agent>` (obs, reward, terminated, truncated, alive), then `first` and, where the
-    env has one, `global_state`; the actions `action/<agent>`, and the policy's extras, per
-    agent too, `<extra>/<agent>`. A finished episode is reported as (return, length),
-    multi-agent with the team's return, the sum over agents (as the anakin platform counts it,
-    envs/jax_multi_agent.TeamEnv).
-
-    Attributes:
-      inputs: {field: spec of one env's value}, in order.
-      actions: {field: spec of one env's action}.
-      agents: the agent ids (multi-agent), or ().
-    """
-
-    inputs: Mapping[str, ArraySpec]
-    actions: Mapping[str, ArraySpec]
-    agents: tuple[str, ...] = ()
-
-    @property
-    def multi_agent(self) -> bool:
-        return bool(self.agents)
-
-    def env_actions(self, fields: Mapping[str, Any]) -> Any:
-        """The actions the envs take from the action fields: [K, ...], or {agent: [K, ...]}."""
-        if not self.multi_agent:
-            return fields["action"]
-        return {agent: fields[f"action/{agent}"] for agent in self.agents}
-
-    def action_fields(self, actions: Any) -> dict[str, Any]:
-        """The inverse of `env_actions`: the policy's actions as named fields."""
-        if not self.multi_agent:
-            return {"action": actions}
-        return {f"action/{agent}": actions[agent] for agent in self.agents}
-
-    def extras_specs(self, extras: Mapping[str, Any]) -> dict[str, ArraySpec]:
-        """The recorded fields of the policy's extras (`Builder.extras_spec`): multi-agent,
-        one per extra and agent, each extra's spec the same for every agent or given per
-        agent ({agent: ArraySpec}, e.g. logits of agents with different actions)."""
-        if not self.multi_agent:
-            return dict(extras)
-        return {f"{name}/{agent}": s if isinstance(s, ArraySpec) else s[agent]
-                for name, s in extras.items() for agent in self.agents}
-
-    def extras_fields(self, extras: Mapping[str, Any]) -> dict[str, Any]:
-        """The policy's extras as recorded fields: multi-agent, {name: {agent: [N, ...]}}
-        flattened to `<name>/<agent>`."""
-        if not self.multi_agent:
-            return dict(extras)
-        return {f"{name}/{agent}": v for name, per_agent in extras.items()
-                for agent, v in per_agent.items()}
-
-    def nest(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        """Recorded unrolls {field: [T + 1, B, ...]} as a multi-agent learner takes them (and
-        the anakin program gives them): `obs` the `MultiAgentStep`, `first`, and every other
-        per-agent field {name: {agent: ...}} (`action`, the extras); fields of neither kind
-        (the policy's `state/` fields) as they are. Single-agent batches are unchanged."""
-        if not self.multi_agent:
-            return dict(batch)
-        nested: dict[str, Any] = {"obs": self.policy_obs(batch), "first": batch["first"]}
-        taken = set(self.inputs)
-        for name, value in batch.items():
-            prefix, _, agent = name.rpartition("/")
-            if name in taken:
-                continue
-            if agent in self.agents and prefix:
-                nested.setdefault(prefix, {})[agent] = value
-            else:
-                nested[name] = value
-        return nested
-
-    def policy_obs(self, inputs: Mapping[str, Any]) -> Any:
-        """What the policy's `obs` argument is: the observations [N, ...], or, multi-agent,
-        the step's fields as a `MultiAgentStep` of {agent: [N, ...]} (its `first` and
-        `global_state` included)."""
-        if not self.multi_agent:
-            return inputs["obs"]
-
-        def per_agent(name: str) -> dict[str, Any]:
-            return {agent: inputs[f"{name}/{agent}"] for agent in self.agents}
-
-        return MultiAgentStep(
-            obs=per_agent("obs"), reward=per_agent("reward"),
-            terminated=per_agent("terminated"), truncated=per_agent("truncated"),
-            alive=per_agent("alive"), first=inputs["first"],
-            global_state=inputs.get("global_state"))
-
-    def flatten(self, step: MultiAgentStep) -> dict[str, np.ndarray]:
-        """A multi-agent env's step as the input fields."""
-        fields = {f"{name}/{agent}": getattr(step, name)[agent] for name in _PER_AGENT
-                  for agent in self.agents}
-        fields["first"] = step.first
-        if step.global_state is not None:
-            fields["global_state"] = step.global_state
-        return fields
-
-
-_PER_AGENT = ("obs", "reward", "terminated", "truncated", "alive")
-
-
-def step_format(spec: EnvSpec | MultiAgentSpec) -> StepFormat:
-    """The fields of a worker's step for envs of `spec` (see `StepFormat`)."""
-    flag, reward = ArraySpec((), "bool"), ArraySpec((), "float32")
-    if isinstance(spec, EnvSpec):
-        return StepFormat(
-            {"obs": ArraySpec(spec.observation_shape, spec.observation_dtype), "reward": reward,
-             "terminated": flag, "truncated": flag, "first": flag},
-            {"action": ArraySpec(spec.action_shape, spec.action_dtype)})
-    per_agent = {"obs": lambda s: ArraySpec(s.observation_shape, s.observation_dtype),
-                 "reward": lambda s: reward, "terminated": lambda s: flag,
-                 "truncated": lambda s: flag, "alive": lambda s: flag}
-    inputs = {f"{name}/{agent}": per_agent[name](spec.specs[agent]) for name in _PER_AGENT
-              for agent in spec.agents}
-    inputs["first"] = flag
-    if spec.global_state_shape is not None:
-        inputs["global_state"] = ArraySpec(spec.global_state_shape, "float32")
-    actions = {f"action/{agent}": ArraySpec(s.action_shape, s.action_dtype)
-               for agent, s in spec.specs.items()}
-    return StepFormat(inputs, actions, spec.agents)
-
-
-def shm_layout(spec: EnvSpec | MultiAgentSpec, num_envs: int) -> shm.Layout:
-    """The shared slots of one worker: its step's inputs, finished episodes, the actions back.
-
-    `episodes` holds (return, length) of the episodes that ended, in its first `num_episodes`
-    rows.
-    """
-    k, fmt = num_envs, step_format(spec)
-    layout = {name: ((k, *s.shape), s.dtype) for name, s in fmt.inputs.items()}
-    layout["episodes"] = ((k, 2), "float64")
-    layout["num_episodes"] = ((), "int64")
-    layout.update({name: ((k, *s.shape), s.dtype) for name, s in fmt.actions.items()})
-    return layout
-
-
-def pack_hello(worker_id: int, run_id: int) -> bytes:
-    return struct.pack("!qq", worker_id, run_id)
-
-
-def unpack_hello(hello: bytes) -> tuple[int, int]:
-    """(worker_id, run_id) of a channel's hello."""
-    worker_id, run_id = struct.unpack("!qq", hello)
-    return worker_id, run_id
 
 
 class EpisodeTracker:
@@ -373,7 +229,7 @@ class EnvWorker:
         address = self._inference.shm_address()
         if address is None:
             return None
-        layout = shm_layout(spec, self._group_envs)
+        layout = step_format(spec).shm_layout(self._group_envs)
         try:
             return shm.connect(address, layout, pack_hello(worker_id, run_id), row=worker_id)
         except OSError as e:  # Another host, another network namespace, not enough memory.
@@ -386,7 +242,7 @@ class EnvWorker:
             return None
 
     def _socket_step(self, worker_id: int, run_id: int) -> Step:
-        def step(inputs, episodes):
+        def step(inputs: dict[str, np.ndarray], episodes: list[Episode]) -> Any:
             return self._inference.step(worker_id, run_id, inputs, episodes)
         return step
 
@@ -445,7 +301,7 @@ def shm_step(channel: shm.Channel, fmt: StepFormat, stop: StopEvent) -> Step:
     """
     slots = channel.arrays
 
-    def step(inputs, episodes):
+    def step(inputs: dict[str, np.ndarray], episodes: list[Episode]) -> Any:
         for name, value in inputs.items():
             slots[name][:] = value
         if episodes:
