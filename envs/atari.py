@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import types
 from typing import Any
 
 import gymnasium as gym
@@ -106,9 +107,9 @@ def with_settings(factory: Any, settings: dict[str, Any]) -> Any:
     return dataclasses.replace(factory, options=tuple(sorted(options.items())))
 
 
-def _ale_py():
+def _ale_py() -> types.ModuleType:
     try:
-        import ale_py
+        ale_py = importlib.import_module("ale_py")
     except ImportError as e:
         raise UnknownEnvError("ALE ids need the ale_py package: pip install -e '.[atari]' (or "
                               "envpool: pip install -e '.[envpool]')") from e
@@ -138,7 +139,7 @@ class AleVectorFactory:
             raise UnknownEnvError(f"unknown env {self.env_id!r}: not an ALE id of ale_py "
                                   f"{_ale_py().__version__}")
 
-    def make_vector(self, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+    def make_vector(self, num_envs: int, seed: int) -> gym.vector.VectorEnv[Any, Any, Any]:
         """`num_envs` games in one ALE vector env, reset with `seed`.
 
         Raises:
@@ -154,7 +155,7 @@ class AleVectorFactory:
         envs.reset(seed=seed)
         return envs
 
-    def make(self, seed: int | None = None) -> gym.Env:
+    def make(self, seed: int | None = None) -> gym.Env[Any, Any]:
         """One env as Gymnasium makes it (raw frames: evaluate.py's video)."""
         self.validate()
         env = gym.make(self.env_id)

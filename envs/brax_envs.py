@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import io
-from typing import Any
+import types
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import numpy as np
@@ -25,6 +27,11 @@ import numpy as np
 from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec, spec_from_spaces
+
+if TYPE_CHECKING:  # Its module loads JAX, at an env's making, not at import (see above).
+    import jax
+
+    from trellis.envs.jax_env import JaxEnv
 
 PREFIX = "brax:"
 EPISODE_LENGTH = 1000
@@ -34,11 +41,11 @@ class BraxUnavailableError(UnknownEnvError):
     """brax is not installed."""
 
 
-def _brax_envs():
+def _brax_envs() -> types.ModuleType:
     try:
         # MuJoCo prints a line when its optional `warp` backend is missing; not ours to show.
         with contextlib.redirect_stdout(io.StringIO()):
-            from brax import envs
+            envs = importlib.import_module("brax.envs")
     except ImportError as e:
         raise BraxUnavailableError(
             "Brax envs need the brax package: pip install -e '.[brax]'") from e
@@ -67,6 +74,11 @@ class EpisodeLimit:
     max_steps_in_episode: int = EPISODE_LENGTH
 
 
+# `GymnaxView`'s state of one env: (Brax's `State`, steps taken in the episode). brax ships no
+# annotations, so its State is Any to the type checker.
+Inner = tuple[Any, "jax.Array | np.int32"]
+
+
 @dataclasses.dataclass(frozen=True)
 class GymnaxView:
     """A Brax env through gymnax's `reset_env`, `step_env` and `is_truncated`; its state is
@@ -74,17 +86,18 @@ class GymnaxView:
 
     env: Any  # brax.envs.Env
 
-    def reset_env(self, key, params: EpisodeLimit):
+    def reset_env(self, key: jax.Array, params: EpisodeLimit) -> tuple[jax.Array, Inner]:
         state = self.env.reset(key)
         return state.obs, (state, np.int32(0))
 
-    def step_env(self, key, inner, action, params: EpisodeLimit):
+    def step_env(self, key: jax.Array, inner: Inner, action: jax.Array, params: EpisodeLimit
+                 ) -> tuple[jax.Array, Inner, jax.Array, jax.Array, dict[str, Any]]:
         del key  # Brax's physics is deterministic; only resets draw.
         state, steps = inner
         state = self.env.step(state, action)
         return state.obs, (state, steps + 1), state.reward, state.done > 0, {}
 
-    def is_truncated(self, inner, params: EpisodeLimit):
+    def is_truncated(self, inner: Inner, params: EpisodeLimit) -> jax.Array | np.bool_:
         return inner[1] >= params.max_steps_in_episode
 
 
@@ -113,7 +126,7 @@ class BraxFactory:
         # Brax's registry has no public listing.
         check_registered(PREFIX, self.brax_name, sorted(_brax_envs()._envs), "a Brax env name")
 
-    def make(self):
+    def make(self) -> JaxEnv:
         """The env as a `jax_env.JaxEnv`."""
         from trellis.envs.jax_env import JaxEnv
 

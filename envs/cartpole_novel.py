@@ -8,6 +8,8 @@ version wraps Gymnasium's numpy CartPole, so all envs of a worker step in one ca
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv, CartPoleVectorEnv
@@ -20,17 +22,20 @@ def _positions(obs: np.ndarray) -> np.ndarray:
     return obs[..., _KEPT]
 
 
-def _space(full: gym.spaces.Box) -> gym.spaces.Box:
-    return gym.spaces.Box(full.low[..., _KEPT], full.high[..., _KEPT], dtype=full.dtype)
+def _space(full: gym.Space[Any]) -> gym.spaces.Box:
+    """CartPole's Box `full` without the velocities."""
+    if not isinstance(full, gym.spaces.Box):
+        raise TypeError(f"CartPole's observations are a Box, got {full!r}")
+    return gym.spaces.Box(full.low[..., _KEPT], full.high[..., _KEPT], dtype=np.float32)
 
 
-def make_env(**kwargs) -> gym.Env:
+def make_env(**kwargs: Any) -> gym.Env[Any, Any]:
     """One env (the registered entry point; Gymnasium adds the 500-step TimeLimit)."""
     env = CartPoleEnv(**kwargs)
     return gym.wrappers.TransformObservation(env, _positions, _space(env.observation_space))
 
 
-def make_vector_env(num_envs: int = 1, **kwargs) -> gym.vector.VectorEnv:
+def make_vector_env(num_envs: int = 1, **kwargs: Any) -> gym.vector.VectorEnv[Any, Any, Any]:
     """`num_envs` envs in one numpy CartPole (the registered vector entry point)."""
     envs = CartPoleVectorEnv(num_envs=num_envs, **kwargs)
     return gym.wrappers.vector.TransformObservation(

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,7 +64,7 @@ def _jax_hidden_unless_imported() -> Iterator[None]:
         del sys.modules["jax"]
 
 
-def _envpool():
+def _envpool() -> types.ModuleType:
     try:
         with _jax_hidden_unless_imported():
             import envpool
@@ -89,7 +90,7 @@ class EnvpoolVector:
         `episodic_life`); only the game's end (envpool's `info["terminated"]`) resets it.
     """
 
-    def __init__(self, pool: Any, episodic_life: bool = False):
+    def __init__(self, pool: Any, episodic_life: bool = False) -> None:
         self._pool = pool
         self._episodic_life = episodic_life
         self.num_envs = int(pool.config["num_envs"])
@@ -98,13 +99,14 @@ class EnvpoolVector:
         self._action_dtype = np.dtype(pool.action_space.dtype)
         self._ended: np.ndarray | None = None  # Which envs ended at the last step.
 
-    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Resets every env; the pool was seeded when built, so `seed` is not used here."""
         obs, info = self._pool.reset()
         self._ended = np.zeros(self.num_envs, bool)
         return obs, info
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env; an env that ended at the previous step is reset instead. The
         info's `GAME_OVER` says where a game ended (with episodic life, not at a lost life).
 
@@ -181,7 +183,7 @@ class EnvpoolFactory:
         envs.reset()
         return envs
 
-    def make(self, seed: int | None = None) -> gym.Env:
+    def make(self, seed: int | None = None) -> gym.Env[Any, Any]:
         raise UnknownEnvError(f"{self.env_id}: envpool envs come in batches for env workers; "
                               f"for a single env (evaluate.py's video) use the Gymnasium id")
 
@@ -199,4 +201,5 @@ class EnvpoolFactory:
             spec = _envpool().make_spec(self.task, **self._kwargs())
             object.__setattr__(self, "_spec", spec_from_spaces(
                 spec.gymnasium_observation_space, spec.gymnasium_action_space))
-        return self.__dict__["_spec"]
+        found: EnvSpec = self.__dict__["_spec"]
+        return found

@@ -47,11 +47,11 @@ class _Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), name)
 
 
-def _gymnax():
+def _gymnax() -> types.ModuleType:
     stand_ins = {name: _Deferred(name) for name in _RENDERING_ONLY if name not in sys.modules}
     sys.modules.update(stand_ins)
     try:
-        import gymnax
+        gymnax = importlib.import_module("gymnax")
     except ImportError as e:
         raise GymnaxUnavailableError(
             "gymnax envs need the gymnax package: pip install -e '.[gymnax]'") from e
@@ -105,7 +105,7 @@ class GymnaxFactory:
                 raise UnknownEnvError(f"{self.env_id} has no env param {', '.join(unknown)}; "
                                       f"its params: {', '.join(known)}")
 
-    def make(self):
+    def make(self) -> JaxEnv:
         """The env as a `jax_env.JaxEnv` (JAX loaded here, not at import time)."""
         from trellis.envs.jax_env import JaxEnv
 

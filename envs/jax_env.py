@@ -21,6 +21,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from trellis.envs.multi_agent import MultiAgentStep
+
 
 @flax.struct.dataclass
 class TimeStep:
@@ -29,7 +31,7 @@ class TimeStep:
     `reward`, `terminated`, `truncated` and `first` say how `obs` was reached.
     """
 
-    obs: jax.Array
+    obs: jax.Array | MultiAgentStep  # A MultiAgentStep where a team steps as one env (TeamEnv).
     reward: jax.Array
     terminated: jax.Array
     truncated: jax.Array
@@ -68,8 +70,10 @@ class JaxEnv:
         stepped = EnvState(inner, terminated | truncated)
         timestep = TimeStep(jnp.asarray(obs), jnp.asarray(reward, jnp.float32), terminated,
                             truncated, jnp.zeros((), bool))
-        return jax.tree.map(functools.partial(jnp.where, state.done),
-                            (reset_state, reset_step), (stepped, timestep))
+        chosen: tuple[EnvState, TimeStep] = jax.tree.map(
+            functools.partial(jnp.where, state.done), (reset_state, reset_step),
+            (stepped, timestep))
+        return chosen
 
 
 def _first(obs: jax.Array) -> TimeStep:

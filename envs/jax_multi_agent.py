@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -62,7 +63,7 @@ class EnvState(NamedTuple):
     """The wrapped env's state, which agents still act, and whether the episode ended."""
 
     inner: Any
-    alive: dict[str, jax.Array]  # {agent: bool}
+    alive: Mapping[str, jax.Array]  # {agent: bool}
     done: jax.Array  # bool
 
 
@@ -130,8 +131,10 @@ class MultiAgentJaxEnv:
             truncated=ending if self.time_limit_only else none,
             alive=alive, first=jnp.zeros((), bool),
             global_state=self._global_state(inner, obs))
-        return jax.tree.map(functools.partial(jnp.where, state.done), reset,
-                            (EnvState(inner, alive, episode_done), stepped))
+        chosen: tuple[EnvState, MultiAgentStep] = jax.tree.map(
+            functools.partial(jnp.where, state.done), reset,
+            (EnvState(inner, alive, episode_done), stepped))
+        return chosen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,18 +163,28 @@ class TeamEnv:
         return TimeStep(step, reward, done & ~truncated, truncated, step.first)
 
 
-def random_policy(spec: MultiAgentSpec):
+# builders.contract.agent.Policy on a multi-agent env (that module is in a layer above this
+# one): policy(params, key, step, state, first) -> ({agent: actions [N, ...]}, extras, state).
+MultiAgentPolicy = Callable[
+    [Any, jax.Array, MultiAgentStep, Mapping[str, jax.Array], jax.Array],
+    tuple[Mapping[str, jax.Array], Mapping[str, Any], Mapping[str, jax.Array]],
+]
+
+
+def random_policy(spec: MultiAgentSpec) -> MultiAgentPolicy:
     """A policy (builders.contract.agent.Policy, params unused) acting uniformly at random for
     every agent: the floor a learned policy is measured against."""
 
-    def policy(params, key, step, state, first):
+    def policy(params: Any, key: jax.Array, step: MultiAgentStep, state: Mapping[str, jax.Array],
+               first: jax.Array
+               ) -> tuple[dict[str, jax.Array], dict[str, Any], Mapping[str, jax.Array]]:
         del params, first
         actions = {}
         for agent, agent_key in zip(spec.agents, jax.random.split(key, spec.num_agents),
                                     strict=True):
             agent_spec = spec.specs[agent]
             shape = step.first.shape + agent_spec.action_shape
-            if agent_spec.discrete:
+            if agent_spec.num_actions is not None:
                 actions[agent] = jax.random.randint(agent_key, shape, 0, agent_spec.num_actions)
             else:
                 actions[agent] = jax.random.uniform(

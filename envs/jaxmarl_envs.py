@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 import io
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ def make_warehouses(**kwargs: Any) -> Any:
     return importlib.import_module("trellis.envs.warehouses").make(**kwargs)
 
 
-def _jaxmarl():
+def _jaxmarl() -> types.ModuleType:
     try:
         with _quiet_import():
             import jaxmarl
@@ -57,11 +58,13 @@ def _quiet_import() -> Iterator[None]:
     (a notebook's prints would leave the notebook from then on): the lines go nowhere, and the
     streams are put back."""
     saved = sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__
-    sys.stdout = sys.__stdout__ = io.StringIO()
+    # typeshed declares sys.__stdout__ and __stderr__ Final (the interpreter's own streams);
+    # what mabrax copies from is exactly them, so they are replaced here and put back.
+    sys.stdout = sys.__stdout__ = io.StringIO()  # type: ignore[misc, assignment]
     try:
         yield
     finally:
-        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved  # type: ignore[misc]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,13 +75,14 @@ class MinatarVector:
         self.num_envs = num_envs
         shape = tuple(int(d) for d in self._games[0].state_shape())
         self.single_observation_space = gym.spaces.Box(0, 1, shape, np.uint8)
-        self.single_action_space = gym.spaces.Discrete(self._games[0].num_actions())
+        self.single_action_space: gym.spaces.Discrete[np.int64] = gym.spaces.Discrete(
+            self._games[0].num_actions())
         self._max_steps = max_episode_steps
         self._obs = np.zeros((num_envs,) + shape, np.uint8)
         self._steps = np.zeros(num_envs, np.int64)  # Steps into each game's episode.
         self._ended: np.ndarray | None = None  # Which games ended at the last step.
 
-    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Starts every game; with `seed`, each game's random stream (its start states and
         sticky actions) is seeded from it first."""
         if seed is not None:
@@ -95,7 +96,8 @@ class MinatarVector:
         self._ended = np.zeros(self.num_envs, bool)
         return self._obs.copy(), {}
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Plays one action in every game; a game that ended at the previous step starts its
         next episode instead (reward 0, not terminated, the action ignored)."""
         if self._ended is None:
@@ -158,7 +160,7 @@ class MinatarFactory:
         envs.reset(seed=seed)
         return envs
 
-    def make(self, seed: int | None = None) -> gym.Env:
+    def make(self, seed: int | None = None) -> gym.Env[Any, Any]:
         raise UnknownEnvError(f"{self.env_id}: MinAtar envs come in batches for env workers")
 
     def reward_threshold(self) -> float | None:

@@ -162,7 +162,7 @@ class PettingZooVector:
       spec: their spec (`PettingZooFactory.spec`).
     """
 
-    def __init__(self, envs: list[Any], spec: MultiAgentSpec):
+    def __init__(self, envs: list[Any], spec: MultiAgentSpec) -> None:
         self._envs = envs
         self._spec = spec
         self._k = len(envs)

@@ -12,6 +12,8 @@ is an optional dependency (the `search` extra), imported only when a game is bui
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import types
 from typing import Any
 
 from trellis.envs.contract import Players
@@ -25,9 +27,9 @@ class PgxUnavailableError(UnknownEnvError):
     """pgx is not installed."""
 
 
-def _pgx():
+def _pgx() -> types.ModuleType:
     try:
-        import pgx
+        pgx = importlib.import_module("pgx")
     except ImportError as e:
         raise PgxUnavailableError(
             "pgx games need the pgx package: pip install -e '.[search]'") from e

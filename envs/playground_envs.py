@@ -24,12 +24,16 @@ import contextlib
 import dataclasses
 import functools
 import io
-from typing import Any
+import types
+from typing import TYPE_CHECKING, Any
 
 from trellis.envs.brax_envs import EpisodeLimit, GymnaxView, physics_spec
 from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec
+
+if TYPE_CHECKING:  # Its module loads JAX, at an env's making, not at import.
+    from trellis.envs.jax_env import JaxEnv
 
 PREFIX = "playground:"
 
@@ -38,7 +42,7 @@ class PlaygroundUnavailableError(UnknownEnvError):
     """playground is not installed."""
 
 
-def _registry():
+def _registry() -> types.ModuleType:
     try:
         # MuJoCo prints a line when its optional `warp` backend is missing; not ours to show.
         with contextlib.redirect_stdout(io.StringIO()):
@@ -47,7 +51,8 @@ def _registry():
         raise PlaygroundUnavailableError(
             "Playground envs need the playground package: pip install -e '.[playground]'"
         ) from e
-    return registry
+    module: types.ModuleType = registry  # A module; unannotated, so Any to a type checker.
+    return module
 
 
 @functools.cache
@@ -98,7 +103,7 @@ class PlaygroundFactory:
         register, PlaygroundUnavailableError when playground is not installed."""
         check_registered(PREFIX, self.name, sorted(_registry().ALL_ENVS), "a Playground env")
 
-    def make(self):
+    def make(self) -> JaxEnv:
         """The env as a `jax_env.JaxEnv`."""
         from trellis.envs.jax_env import JaxEnv
 

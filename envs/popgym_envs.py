@@ -11,6 +11,8 @@ UnknownEnvError.
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -19,15 +21,16 @@ from trellis.envs.errors import UnknownEnvError
 PREFIX = "popgym-"
 
 
-def adapt(env: gym.Env) -> gym.Env:
+def adapt(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
     """`env` with Box float32 observations.
 
     Raises:
       UnknownEnvError: its actions are neither Discrete nor Box.
     """
     if not isinstance(env.action_space, gym.spaces.Discrete | gym.spaces.Box):
+        name = env.spec.id if env.spec is not None else env
         raise UnknownEnvError(
-            f"env {env.spec.id!r} has {env.action_space} actions; Trellis handles Discrete or "
+            f"env {name!r} has {env.action_space} actions; Trellis handles Discrete or "
             "Box actions")
     if isinstance(env.observation_space, gym.spaces.Box):
         return env

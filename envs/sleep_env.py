@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -27,13 +28,13 @@ from trellis.envs.specs import EnvSpec, spec_from_spaces
 PREFIX = "sleep:"
 EPISODE_LENGTH = 100
 _OBSERVATION = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-_ACTION = gym.spaces.Discrete(2)
+_ACTION: gym.spaces.Discrete[np.int64] = gym.spaces.Discrete(2)
 
 
 class SleepVector:
     """`num_envs` bandit episodes stepped together; each step sleeps `sleep_s` once."""
 
-    def __init__(self, num_envs: int, sleep_s: float, seed: int):
+    def __init__(self, num_envs: int, sleep_s: float, seed: int) -> None:
         self.num_envs = num_envs
         self.single_observation_space = _OBSERVATION
         self.single_action_space = _ACTION
@@ -45,14 +46,15 @@ class SleepVector:
     def _draw(self) -> np.ndarray:
         return self._rng.uniform(-1.0, 1.0, (self.num_envs, 4)).astype(np.float32)
 
-    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         self._obs = self._draw()
         self._t[:] = 0
         return self._obs.copy(), {}
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         time.sleep(self._sleep_s)
         first = self._t == EPISODE_LENGTH  # Ended last step: this step resets them.
         reward = np.where(first, 0.0, (np.asarray(actions) == (self._obs[:, 0] > 0))
@@ -96,7 +98,7 @@ class SleepFactory:
         envs.reset(seed=seed)
         return envs
 
-    def make(self, seed: int | None = None) -> gym.Env:
+    def make(self, seed: int | None = None) -> gym.Env[Any, Any]:
         raise UnknownEnvError(f"{self.env_id}: sleep envs come in batches for env workers")
 
     def reward_threshold(self) -> float | None:

@@ -47,7 +47,8 @@ class EnvSpec:
         return np.zeros(batch + self.observation_shape, self.observation_dtype)
 
 
-def spec_from_spaces(observation_space: gym.Space, action_space: gym.Space) -> EnvSpec:
+def spec_from_spaces(observation_space: gym.Space[Any], action_space: gym.Space[Any]
+                     ) -> EnvSpec:
     """Builds an EnvSpec from the single-env Gymnasium spaces.
 
     Raises:

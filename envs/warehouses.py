@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import flax.struct
 import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from trellis.envs.jax_multi_agent import EnvState, MultiAgentJaxEnv, MultiAgentPolicy
+from trellis.envs.multi_agent import MultiAgentStep
 
 ORDER_SIZES = (0.0, 2.0, 4.0, 6.0, 8.0)  # Units ordered by each of the 5 actions.
 OBS_SIZE = 8
@@ -77,7 +81,7 @@ class Warehouses:
         del agent
         return gymnasium.spaces.Box(-np.inf, np.inf, (OBS_SIZE,), np.float32)
 
-    def action_space(self, agent: str) -> gymnasium.spaces.Discrete:
+    def action_space(self, agent: str) -> gymnasium.spaces.Discrete[np.int64]:
         del agent
         return gymnasium.spaces.Discrete(len(ORDER_SIZES))
 
@@ -103,7 +107,9 @@ class Warehouses:
         total = jnp.sum(orders)
         return orders * jnp.minimum(1.0, self.production / jnp.maximum(total, 1e-6))
 
-    def step_env(self, key: jax.Array, state: State, actions: dict[str, jax.Array]):
+    def step_env(self, key: jax.Array, state: State, actions: dict[str, jax.Array]
+                 ) -> tuple[dict[str, jax.Array], State, dict[str, jax.Array],
+                            dict[str, jax.Array], dict[str, jax.Array]]:
         orders = jnp.asarray(ORDER_SIZES)[jnp.stack([actions[a] for a in self.agents])]
         received = self.allocate(orders)
         stock = state.stock + received
@@ -139,12 +145,13 @@ class Warehouses:
                                 jnp.stack([jnp.sin(time_phase), jnp.cos(time_phase)])])
 
 
-def make(**kwargs) -> Warehouses:
+def make(**kwargs: Any) -> Warehouses:
     """The env with `kwargs` overriding its settings (`JaxMARLFactory.kwargs`)."""
     return Warehouses(**kwargs)
 
 
-def record_episode(env, policy, params, key: jax.Array) -> dict[str, np.ndarray]:
+def record_episode(env: MultiAgentJaxEnv, policy: MultiAgentPolicy, params: Any,
+                   key: jax.Array) -> dict[str, np.ndarray]:
     """One episode of a trained policy in `env`, for plots: {"stock", "order", "received",
     "demand", "reward"}, each [max_steps, W] (host arrays).
 
@@ -158,7 +165,8 @@ def record_episode(env, policy, params, key: jax.Array) -> dict[str, np.ndarray]
     warehouses: Warehouses = env.env
     agents = warehouses.agents
 
-    def body(carry, key):
+    def body(carry: tuple[EnvState, MultiAgentStep], key: jax.Array
+             ) -> tuple[tuple[EnvState, MultiAgentStep], dict[str, jax.Array]]:
         state, step = carry
         act_key, env_key = jax.random.split(key)
         batched = jax.tree.map(lambda x: x[None], step)

@@ -1,8 +1,8 @@
 """mypy is clean on the packages pyproject's [tool.mypy] checks, and the wheel says so.
 
 The same command as `make lint`: `mypy` with its settings from pyproject.toml (strict on the
-runtime, the agent contract, the replay tables and the agents). Its cache (.mypy_cache) makes a
-run after the first take a few seconds.
+runtime, the agent contract, the replay tables, the agents and the envs). Its cache
+(.mypy_cache) makes a run after the first take a few seconds.
 """
 
 import os
@@ -45,11 +45,12 @@ def test_mypy_is_clean():
 
 
 def test_mypy_checks_the_strict_packages_strictly():
-    """What `make lint` checks: each listed package, under the strict override (a package
-    dropped from either list would pass the run above unchecked)."""
+    """What `make lint` checks: each listed package, under the strict override, none of its
+    modules with their errors ignored (a package dropped from either list, or an
+    `ignore_errors` override, would pass the run above unchecked)."""
     settings = _mypy_settings()
     checked = {"trellis.launch.runtime", "trellis.builders.contract", "trellis.reverb_tables",
-               "trellis.agents"}
+               "trellis.agents", "trellis.envs"}
     assert checked <= set(settings["packages"]), settings["packages"]
     strict = [o for o in settings["overrides"] if o.get("disallow_untyped_defs")]
     assert len(strict) == 1, strict
@@ -57,6 +58,8 @@ def test_mypy_checks_the_strict_packages_strictly():
     for flag in ("disallow_untyped_calls", "disallow_any_generics", "warn_return_any",
                  "check_untyped_defs", "no_implicit_reexport"):
         assert strict[0][flag] is True, flag
+    ignored = [o["module"] for o in settings["overrides"] if o.get("ignore_errors")]
+    assert not ignored, f"modules checked with their errors ignored: {ignored}"
 
 
 def test_every_folder_ships_py_typed():

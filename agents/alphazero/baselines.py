@@ -18,14 +18,18 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import mctx
 import numpy as np
 
-from trellis.agents.alphazero.search import masked_logits
+from trellis.agents.alphazero.search import Games, masked_logits
+from trellis.agents.common.params import Params
 
-Player = Callable[[jax.Array, Any], jax.Array]
+Player = Callable[[jax.Array, Games], jax.Array]
+# A while loop's carry over games being played: (key, the games, the outcome so far [B]).
+Playing = tuple[jax.Array, Games, jax.Array]
 
 
 def random_player(key: jax.Array, state: Any) -> jax.Array:
@@ -38,10 +42,10 @@ def rollout_values(env: Any, key: jax.Array, state: Any) -> jax.Array:
     """The outcome for the player to move of one random game from each state on: [B]."""
     mover = state.current_player
 
-    def not_over(carry):
+    def not_over(carry: Playing) -> jax.Array:
         return ~jnp.all(carry[1].terminated)
 
-    def play(carry):
+    def play(carry: Playing) -> Playing:
         key, state, outcome = carry
         key, move_key = jax.random.split(key)
         state = jax.vmap(env.step)(state, random_player(move_key, state))
@@ -57,10 +61,11 @@ def make_mcts_player(env: Any, num_simulations: int) -> Player:
     """Pure MCTS: PUCT over a uniform prior, leaves valued by a random roll-out; the most
     visited move."""
 
-    def uniform(state):
+    def uniform(state: Games) -> jax.Array:
         return masked_logits(jnp.zeros(state.legal_action_mask.shape), state.legal_action_mask)
 
-    def recurrent_fn(params, key, action, state):
+    def recurrent_fn(params: Params, key: jax.Array, action: chex.Array, state: Games
+                     ) -> tuple[mctx.RecurrentFnOutput, Games]:
         del params
         mover = state.current_player
         state = jax.vmap(env.step)(state, action)
@@ -71,14 +76,15 @@ def make_mcts_player(env: Any, num_simulations: int) -> Player:
             value=rollout_values(env, key, state))
         return output, state
 
-    def player(key, state):
+    def player(key: jax.Array, state: Games) -> jax.Array:
         root_key, search_key = jax.random.split(key)
         root = mctx.RootFnOutput(prior_logits=uniform(state),
                                  value=rollout_values(env, root_key, state), embedding=state)
-        out = mctx.muzero_policy(None, search_key, root, recurrent_fn, num_simulations,
+        # No params: the roll-outs need none (an empty pytree, as None was).
+        out = mctx.muzero_policy((), search_key, root, recurrent_fn, num_simulations,
                                  invalid_actions=~state.legal_action_mask,
                                  dirichlet_fraction=0.0, temperature=0.0)
-        return out.action
+        return jnp.asarray(out.action)
 
     return player
 
@@ -139,7 +145,7 @@ def make_minimax_player() -> Player:
     """Exact minimax for pgx's tic-tac-toe: a random one of the optimal moves."""
     optimal = jnp.asarray(minimax_table()[1])
 
-    def player(key, state):
+    def player(key: jax.Array, state: Games) -> jax.Array:
         best = optimal[board_index(state.observation)]
         return jax.random.categorical(key, jnp.where(best, 0.0, -jnp.inf))
 
@@ -192,10 +198,10 @@ def play_games(env: Any, first: Player, second: Player, key: jax.Array, num_game
     state = jax.vmap(env.init)(jax.random.split(init_key, num_games))
     first_id = state.current_player
 
-    def not_over(carry):
+    def not_over(carry: Playing) -> jax.Array:
         return ~jnp.all(carry[1].terminated)
 
-    def move(carry):
+    def move(carry: Playing) -> Playing:
         key, state, outcome = carry
         key, key_a, key_b = jax.random.split(key, 3)
         action = jnp.where(state.current_player == first_id, first(key_a, state),

@@ -12,9 +12,10 @@ from trellis.agents.alphazero.baselines import Player, make_opponent, match
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.learner import make_training
 from trellis.agents.alphazero.networks import PolicyValueNet, make_networks
-from trellis.agents.alphazero.search import make_search, masked_logits
+from trellis.agents.alphazero.search import Games, make_search, masked_logits
 from trellis.agents.alphazero.self_play import SelfPlayLoop, make_self_play
-from trellis.builders.contract.agent import SELF_PLAY, Capabilities, Policy, Training
+from trellis.agents.common.params import Params
+from trellis.builders.contract.agent import SELF_PLAY, Capabilities, Policy, State, Training
 from trellis.builders.contract.self_play import Match
 from trellis.envs.specs import EnvSpec
 
@@ -42,7 +43,8 @@ class AlphaZeroBuilder:
         (its most likely legal move, or a sample when not evaluating); `make_search_player`
         is the player that searches."""
 
-        def policy(params, key, games, state, first):
+        def policy(params: Params, key: jax.Array, games: Games, state: State,
+                   first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             del first  # Feed-forward.
             logits, _ = networks.apply(params, games.observation)
             logits = masked_logits(logits, games.legal_action_mask)
@@ -52,11 +54,11 @@ class AlphaZeroBuilder:
 
         return policy
 
-    def make_search_player(self, networks: PolicyValueNet, env: Any, params: Any) -> Player:
+    def make_search_player(self, networks: PolicyValueNet, env: Any, params: Params) -> Player:
         """`player(key, games) -> action` searching with `params`, without exploration noise
         (agents/alphazero/baselines.py plays it against the baselines)."""
         search = make_search(env, networks, self.config, evaluation=True)
-        return lambda key, games: search(params, key, games).action
+        return lambda key, games: jnp.asarray(search(params, key, games).action)
 
     def make_match(self, networks: PolicyValueNet, env: Any, opponent: str,
                    num_games: int) -> Match:
@@ -68,7 +70,7 @@ class AlphaZeroBuilder:
         """
         baseline = make_opponent(opponent, env, self.config.mcts_simulations)
 
-        def play(params, key):
+        def play(params: Params, key: jax.Array) -> jax.Array:
             return match(env, self.make_search_player(networks, env, params), baseline, key,
                          num_games)
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.losses import alphazero_loss
 from trellis.agents.alphazero.networks import PolicyValueNet
+from trellis.agents.common.params import Params, pure_apply
 from trellis.agents.common.training import (
     STATE_HPARAMS,
     TrainingState,
     init_training_state,
     make_optimizer,
 )
-from trellis.builders.contract.agent import Training
+from trellis.builders.contract.agent import Training, Update
 from trellis.envs.specs import EnvSpec
 
 
@@ -29,19 +32,20 @@ def make_training(network: PolicyValueNet, spec: EnvSpec, config: AlphaZeroConfi
     def init(key: jax.Array) -> TrainingState:
         return init_training_state(lambda k: network.init(k, example), optimizer, key)
 
-    def make_update(mesh):
+    def make_update(mesh: Mesh | None) -> Update:
         del mesh  # One program on one device: the self-play loop places it.
 
         def update(state: TrainingState, batch: Mapping[str, jax.Array]
                    ) -> tuple[TrainingState, dict[str, jax.Array]]:
-            def loss_fn(params):
-                logits, value = network.apply(params, batch["obs"])
+            def loss_fn(params: Params) -> tuple[jax.Array, dict[str, jax.Array]]:
+                logits, value = pure_apply(network)(params, batch["obs"])
                 return alphazero_loss(logits, value, batch, config.value_cost)
 
             (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = jax.tree.map(lambda p, u: p + u, state.params, updates)
-            state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+            state = dataclasses.replace(state, params=params, opt_state=opt_state,
+                                        step=state.step + 1)
             return state, {"loss": loss, **metrics}
 
         return update

@@ -32,7 +32,8 @@ def value_targets(rewards: jax.Array, terminated: jax.Array, player: jax.Array
     """
     chex.assert_rank([rewards, terminated, player], [3, 2, 2])
 
-    def backward(carry, step):
+    def backward(carry: tuple[jax.Array, jax.Array], step: tuple[jax.Array, jax.Array]
+                 ) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
         outcome, known = carry  # [B, 2], [B]: of the game that position t + 1 belongs to.
         reward, ended = step
         outcome = jnp.where(ended[:, None], reward, outcome)

@@ -8,13 +8,25 @@ node's value over to the other player (0 once the game is over).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import mctx
 
 from trellis.agents.alphazero.config import AlphaZeroConfig
+from trellis.agents.common.params import Params
+
+# pgx's game state, batched ([B] leaves): pgx ships no annotations, so to a type checker it is
+# Any; the name says what it is.
+Games = Any
+# What a search gives for a batch of games: its action [B] and the visit-count targets
+# `action_weights` [B, A], and its extra data (Gumbel MuZero's; none for MuZero's).
+SearchOutput = mctx.PolicyOutput[None] | mctx.PolicyOutput[mctx.GumbelMuZeroExtraData]
+# search(params, key, games) -> the search's output for each game.
+Search = Callable[[Params, jax.Array, Games], SearchOutput]
 
 
 def masked_logits(logits: jax.Array, legal: jax.Array) -> jax.Array:
@@ -27,7 +39,8 @@ def make_recurrent_fn(env: Any, network: Any) -> mctx.RecurrentFn:
     """`recurrent_fn(params, key, action[B], state) -> (RecurrentFnOutput, state)` of a game
     whose embedding is pgx's batched state."""
 
-    def recurrent_fn(params, key, action, state):
+    def recurrent_fn(params: Params, key: jax.Array, action: chex.Array, state: Games
+                     ) -> tuple[mctx.RecurrentFnOutput, Games]:
         del key  # pgx's games here are deterministic.
         mover = state.current_player
         state = jax.vmap(env.step)(state, action)
@@ -43,7 +56,8 @@ def make_recurrent_fn(env: Any, network: Any) -> mctx.RecurrentFn:
     return recurrent_fn
 
 
-def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: bool = False):
+def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: bool = False
+                ) -> Search:
     """`search(params, key, state) -> mctx.PolicyOutput` for a batch of pgx states.
 
     Self-play explores: Dirichlet noise at the root and moves sampled from the visit counts
@@ -54,7 +68,7 @@ def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: boo
     simulations = (config.eval_simulations or config.num_simulations if evaluation
                    else config.num_simulations)
 
-    def search(params, key, state) -> mctx.PolicyOutput:
+    def search(params: Params, key: jax.Array, state: Games) -> SearchOutput:
         logits, value = network.apply(params, state.observation)
         root = mctx.RootFnOutput(prior_logits=masked_logits(logits, state.legal_action_mask),
                                  value=value, embedding=state)

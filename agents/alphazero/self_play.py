@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.losses import value_targets
-from trellis.agents.alphazero.search import make_search
+from trellis.agents.alphazero.search import Games, make_search
+from trellis.agents.common.params import Params
 from trellis.agents.common.training import TrainingState
 from trellis.builders.contract.agent import Training
 from trellis.builders.contract.self_play import SelfPlayCounts
@@ -82,7 +83,7 @@ class SelfPlayState:
     iteration's moves (outcomes pending; `pending_valid` False before the first), counts."""
 
     train: TrainingState
-    games: Any  # pgx's State, batched [B].
+    games: Games
     replay: Replay
     pending: Moves
     pending_valid: jax.Array
@@ -100,7 +101,7 @@ class SelfPlayLoop:
     iterate: Callable[[SelfPlayState], tuple[SelfPlayState, dict[str, jax.Array]]]
 
     @staticmethod
-    def params(state: SelfPlayState) -> Any:
+    def params(state: SelfPlayState) -> Params:
         return state.train.params
 
     @staticmethod
@@ -115,15 +116,16 @@ def make_self_play(env: Any, network: Any, training: Training, config: AlphaZero
     update = training.make_update(None)
     num_games, num_moves = config.batch_size, config.unroll_length
 
-    def new_games(key):
+    def new_games(key: jax.Array) -> Games:
         return jax.vmap(env.init)(jax.random.split(key, num_games))
 
-    def move(games, key):
+    def move(carry: tuple[Params, Games], key: jax.Array
+             ) -> tuple[tuple[Params, Games], Moves]:
         search_key, reset_key = jax.random.split(key)
-        params, games = games
+        params, games = carry
         out = search(params, search_key, games)
         after = jax.vmap(env.step)(games, out.action)
-        record = Moves(games.observation, games.current_player, out.action_weights,
+        record = Moves(games.observation, games.current_player, jnp.asarray(out.action_weights),
                        after.rewards, after.terminated)
         # Finished games restart at once.
         fresh = new_games(reset_key)
@@ -147,8 +149,10 @@ def make_self_play(env: Any, network: Any, training: Training, config: AlphaZero
                              replay_init(config.replay_size, example), pending,
                              jnp.zeros((), bool), key, zero, zero)
 
-    def learn(train, replay, key):
-        def sgd(train, key):
+    def learn(train: TrainingState, replay: Replay, key: jax.Array
+              ) -> tuple[TrainingState, dict[str, jax.Array]]:
+        def sgd(train: TrainingState, key: jax.Array
+                ) -> tuple[TrainingState, dict[str, jax.Array]]:
             return update(train, replay_sample(replay, key, config.sample_batch_size))
 
         train, metrics = jax.lax.scan(sgd, train,

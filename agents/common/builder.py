@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Generic
 
 import jax
 import numpy as np
@@ -16,17 +16,21 @@ from trellis.builders.contract.agent import (
     REPLAY,
     ArraySpec,
     Capabilities,
+    ExtrasSpec,
     Learner,
     Policy,
     QueueSpec,
+    SpecT,
     Training,
 )
 from trellis.builders.contract.config import AgentConfig, ReplayConfig
 from trellis.envs.specs import EnvSpec
 
 
-class AgentBuilder(abc.ABC):
-    """What every builder shares (the contract is `builders.contract.agent.Builder`).
+class AgentBuilder(abc.ABC, Generic[SpecT]):
+    """What every builder shares (the contract is `builders.contract.agent.Builder`), for envs
+    of spec type `SpecT`: `AgentBuilder[EnvSpec]` for single-agent envs,
+    `AgentBuilder[MultiAgentSpec]` for multi-agent ones.
 
     A subclass writes `capabilities`, `make_networks`, `make_policy` and `make_training`
     (and `replay_selector` when it replays transitions by priority), `extras_spec`
@@ -46,12 +50,12 @@ class AgentBuilder(abc.ABC):
         c = self.config
         return QueueSpec(c.unroll_length, c.batch_size, c.max_queue_size)
 
-    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
+    def extras_spec(self, spec: SpecT) -> ExtrasSpec:
         """What inference records per step beside the action: nothing, unless overridden."""
         del spec
         return {}
 
-    def initial_state(self, spec: EnvSpec, num_slots: int) -> dict[str, np.ndarray]:
+    def initial_state(self, spec: SpecT, num_slots: int) -> dict[str, np.ndarray]:
         """Every env slot's initial policy state: none ({}, feed-forward) unless overridden."""
         del spec, num_slots
         return {}
@@ -63,7 +67,7 @@ class AgentBuilder(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def make_networks(self, spec: EnvSpec) -> Any:
+    def make_networks(self, spec: SpecT) -> Any:
         """The agent's networks for an env with `spec`."""
 
     @abc.abstractmethod
@@ -77,7 +81,7 @@ class AgentBuilder(abc.ABC):
         """What the agent can do (`builders.contract.agent.Capabilities`)."""
 
     @abc.abstractmethod
-    def make_training(self, networks: Any, spec: EnvSpec) -> Training:
+    def make_training(self, networks: Any, spec: SpecT) -> Training:
         """The pure init and update (`builders.contract.agent.Training`)."""
 
     def replay_selector(self) -> rt.Selector:
@@ -85,7 +89,7 @@ class AgentBuilder(abc.ABC):
         overridden (DQN and D4PG sample by priority)."""
         return rt.Uniform()
 
-    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,
+    def make_learner(self, networks: Any, spec: SpecT, key: jax.Array, *,
                      devices: Sequence[jax.Device] | None = None,
                      replay: Any = None) -> Learner:
         """`make_training`'s pieces on a device mesh (`builders.contract.agent.Builder.
@@ -95,6 +99,8 @@ class AgentBuilder(abc.ABC):
 
         Raises:
           ValueError: a replay client, which these learners have no use for.
+          TypeError: an agent that learns from replay whose config is not a `ReplayConfig`, or
+            on a multi-agent env (the n-step transitions are one agent's).
         """
         if replay is not None:
             raise ValueError(f"{type(self).__name__} keeps no replay node; it takes no replay "
@@ -104,6 +110,9 @@ class AgentBuilder(abc.ABC):
             if not isinstance(self.config, ReplayConfig):
                 raise TypeError(f"{type(self).__name__} learns from replay: its config must "
                                 f"derive from ReplayConfig, got {type(self.config).__name__}")
+            if not isinstance(spec, EnvSpec):
+                raise TypeError(f"{type(self).__name__} learns from replayed single-agent "
+                                f"transitions: it needs an EnvSpec, got {type(spec).__name__}")
             action = ((), "int32") if spec.discrete else (spec.action_shape, "float32")
             return ReplayLearner(training, key, self.config, self.replay_selector(),
                                  obs_spec=(spec.observation_shape, spec.observation_dtype),

@@ -52,15 +52,26 @@ def continuous_action_dim(spec: EnvSpec, agent: str) -> int:
         raise ValueError(f"{agent} needs flat Box actions, got num_actions={spec.num_actions}, "
                          f"action_shape={spec.action_shape}; use --agent=dqn or ppo for "
                          "discrete actions.")
-    bounds = (spec.action_low or ()) + (spec.action_high or ())
-    if not bounds or not all(math.isfinite(b) for b in bounds):
-        raise ValueError(f"{agent} squashes actions into the env's bounds; got "
-                         f"low={spec.action_low}, high={spec.action_high}. Wrap the env to give "
-                         "finite bounds.")
+    action_bounds(spec, agent)
     if len(spec.observation_shape) != 1:
         raise ValueError(f"{agent} here takes flat vector observations, got shape "
                          f"{spec.observation_shape}.")
     return spec.action_shape[0]
+
+
+def action_bounds(spec: EnvSpec, agent: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(low, high): the finite bounds of an env's Box actions.
+
+    Raises:
+      ValueError: no bounds (discrete actions), or infinite ones, naming `agent`.
+    """
+    low, high = spec.action_low, spec.action_high
+    if (low is None or high is None or not low + high
+            or not all(math.isfinite(b) for b in low + high)):
+        raise ValueError(f"{agent} squashes actions into the env's bounds; got "
+                         f"low={spec.action_low}, high={spec.action_high}. Wrap the env to give "
+                         "finite bounds.")
+    return low, high
 
 
 @dataclasses.dataclass(frozen=True)

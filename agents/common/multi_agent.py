@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from trellis.agents.common.params import Params
 from trellis.agents.common.training import STATE_HPARAMS
-from trellis.builders.contract.agent import Policy, Training, Update
+from trellis.builders.contract.agent import Policy, State, Training, Update
 from trellis.builders.contract.config import Config, setting
 from trellis.builders.contract.policy_mapping import (
     PolicyGroup,
@@ -113,7 +114,7 @@ def group_batch(networks: PerPolicyNetworks, group: PolicyGroup,
         return x.reshape((t1 * b,) + x.shape[2:])
 
     def per_agent(fields: Mapping[str, jax.Array]) -> jax.Array:  # -> [T + 1, B * n, ...]
-        x = stack(group, {a: flat(fields[a]) for a in group.agents}, jnp)
+        x: jax.Array = stack(group, {a: flat(fields[a]) for a in group.agents}, jnp)
         return x.reshape((t1, b * n) + x.shape[2:])
 
     x = networks.inputs(group, jax.tree.map(flat, step))
@@ -154,7 +155,8 @@ class MultiPolicyState:
     @property
     def step(self) -> jax.Array:
         """Updates taken (the policies update together)."""
-        return next(iter(self.policies.values())).step
+        step: jax.Array = next(iter(self.policies.values())).step
+        return step
 
 
 def per_policy_training(networks: PerPolicyNetworks, trainings: Mapping[str, Training]
@@ -202,7 +204,9 @@ def per_policy_policy(networks: PerPolicyNetworks, policies: Mapping[str, Policy
       policies: {policy id: its single-agent policy}, called with that policy's params.
     """
 
-    def policy(params, key, step, state, first):
+    def policy(params: Params, key: jax.Array, step: MultiAgentStep, state: State,
+               first: jax.Array
+               ) -> tuple[dict[str, jax.Array], dict[str, dict[str, jax.Array]], State]:
         actions: dict[str, jax.Array] = {}
         extras: dict[str, dict[str, jax.Array]] = {}
         keys = jax.random.split(key, len(networks.groups))

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from trellis.agents.common.params import Params
 from trellis.builders.contract.config import AgentConfig
 from trellis.builders.contract.hparams import array_module, learning_rate_factor
 
@@ -50,13 +51,17 @@ def scale_by_learning_rate_factor() -> optax.GradientTransformation:
     """Scales the updates by the learning-rate schedule's factor (1 until
     `set_learning_rate_factor` sets it): the last link of an optimizer's chain."""
 
-    def init(params):
+    def init(params: optax.Params) -> _LearningRateFactor:
         del params
         return _LearningRateFactor(jnp.ones((), jnp.float32))
 
-    def update(updates, state, params=None):
+    def update(updates: optax.Updates, state: optax.OptState,
+               params: optax.Params | None = None) -> tuple[optax.Updates, optax.OptState]:
         del params
-        return jax.tree.map(lambda u: u * state.factor.astype(u.dtype), updates), state
+        # optax hands back the state `init` made (an OptState to its annotations).
+        assert isinstance(state, _LearningRateFactor)
+        factor = state.factor
+        return jax.tree.map(lambda u: u * factor.astype(u.dtype), updates), state
 
     return optax.GradientTransformation(init, update)
 
@@ -101,12 +106,13 @@ def with_learning_rate_factor(legacy: Any, target: Any) -> Any:
     and its own factors: a state read from a checkpoint written before the schedule."""
     nodes, structure = jax.tree.flatten(target, is_leaf=_is_factor)
     values = iter(jax.tree.leaves(legacy))
-    return structure.unflatten([node if _is_factor(node) else next(values) for node in nodes])
+    return jax.tree.unflatten(structure,
+                              [node if _is_factor(node) else next(values) for node in nodes])
 
 
 @flax.struct.dataclass
 class TrainingState:
-    params: Any
+    params: Params
     opt_state: optax.OptState
     key: jax.Array
     step: jax.Array
@@ -116,7 +122,7 @@ class TrainingState:
 
 
 def init_training_state(
-    init_params: Callable[[jax.Array], Any],
+    init_params: Callable[[jax.Array], Params],
     optimizer: optax.GradientTransformation,
     key: jax.Array,
     hparams: Mapping[str, float] | None = None,
@@ -140,14 +146,14 @@ def init_training_state(
 class TargetNetworkState:
     """The training state of a value-based learner with a target network (DQN, R2D2)."""
 
-    params: Any
-    target_params: Any
+    params: Params
+    target_params: Params
     opt_state: optax.OptState
     key: jax.Array
     step: jax.Array  # SGD steps taken.
 
 
-def init_target_network_state(init_params: Callable[[jax.Array], Any],
+def init_target_network_state(init_params: Callable[[jax.Array], Params],
                               optimizer: optax.GradientTransformation,
                               key: jax.Array) -> TargetNetworkState:
     """Fresh online params, the target network a copy of them."""

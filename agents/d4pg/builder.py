@@ -8,11 +8,11 @@ from trellis.agents.common.continuous import deterministic_policy
 from trellis.agents.d4pg.config import D4PGConfig
 from trellis.agents.d4pg.learner import make_training
 from trellis.agents.d4pg.networks import D4PGNetworks, make_networks
-from trellis.builders.contract.agent import REPLAY, Capabilities, Training
+from trellis.builders.contract.agent import REPLAY, Capabilities, Policy, Training
 from trellis.envs.specs import EnvSpec
 
 
-class D4PGBuilder(AgentBuilder):
+class D4PGBuilder(AgentBuilder[EnvSpec]):
     """Builder for D4PG; acting is SEED-style through central inference, every env worker one
     of the paper's distributed actors. Inference records plain unrolls; the learner turns them
     into N-step transitions in its table (agents/d4pg/learner.py)."""
@@ -23,7 +23,7 @@ class D4PGBuilder(AgentBuilder):
         c = self.config
         return make_networks(spec, c.hidden_sizes, c.num_atoms, c.v_min, c.v_max)
 
-    def make_policy(self, networks: D4PGNetworks, evaluation: bool = False):
+    def make_policy(self, networks: D4PGNetworks, evaluation: bool = False) -> Policy:
         """mu(s) plus Gaussian exploration noise when training, mu(s) when evaluating
         (`agents.common.continuous.deterministic_policy`)."""
         return deterministic_policy(networks.policy, networks.bounds,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import flax.struct
 import jax
@@ -20,6 +19,7 @@ import optax
 
 from trellis.agents.common import STATE_HPARAMS, Batch, importance_weights, make_optimizer
 from trellis.agents.common.continuous import actor_params
+from trellis.agents.common.params import Params
 from trellis.agents.d4pg import losses
 from trellis.agents.d4pg.config import D4PGConfig
 from trellis.agents.d4pg.networks import D4PGNetworks
@@ -28,10 +28,10 @@ from trellis.builders.contract.agent import Training
 
 @flax.struct.dataclass
 class D4PGState:
-    policy_params: Any
-    critic_params: Any
-    target_policy_params: Any
-    target_critic_params: Any
+    policy_params: Params
+    critic_params: Params
+    target_policy_params: Params
+    target_critic_params: Params
     policy_opt_state: optax.OptState
     critic_opt_state: optax.OptState
     step: jax.Array  # SGD steps taken; the update draws no random numbers.
@@ -48,9 +48,12 @@ def init_state(networks: D4PGNetworks, optimizer: optax.GradientTransformation,
                      jnp.zeros((), jnp.int32))
 
 
+Metrics = dict[str, jax.Array]
+
+
 def make_update(
     networks: D4PGNetworks, optimizer: optax.GradientTransformation, config: D4PGConfig
-) -> Callable[[D4PGState, Batch], tuple[D4PGState, dict]]:
+) -> Callable[[D4PGState, Batch], tuple[D4PGState, Metrics]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     `batch` holds U sampled minibatches, each leaf [U, S, ...]: `obs`, `action`, `reward`
@@ -61,7 +64,8 @@ def make_update(
     atoms = networks.atoms
     td = jax.vmap(losses.critic_loss, in_axes=(None, 0, 0, 0, 0))
 
-    def critic_loss_fn(critic_params, state: D4PGState, minibatch):
+    def critic_loss_fn(critic_params: Params, state: D4PGState, minibatch: Batch
+                       ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         next_obs = minibatch["next_obs"]
         a_t = networks.policy(state.target_policy_params, next_obs)  # [S, D]
         logits_t = networks.critic(state.target_critic_params, next_obs, a_t)  # [S, K]
@@ -74,15 +78,18 @@ def make_update(
             return jnp.mean(weights * loss), (loss, q_mean)
         return jnp.mean(loss), (loss, q_mean)
 
-    def actor_loss_fn(policy_params, critic_params, obs):
+    def actor_loss_fn(policy_params: Params, critic_params: Params, obs: jax.Array
+                      ) -> jax.Array:
         logits = networks.critic(critic_params, obs, networks.policy(policy_params, obs))
         return jnp.mean(jax.vmap(losses.actor_loss, in_axes=(None, 0))(atoms, logits))
 
-    def apply(grads, opt_state, params):
+    def apply(grads: Params, opt_state: optax.OptState, params: Params
+              ) -> tuple[Params, optax.OptState]:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    def sgd_step(state: D4PGState, minibatch):
+    def sgd_step(state: D4PGState, minibatch: Batch
+                 ) -> tuple[D4PGState, tuple[jax.Array, Metrics]]:
         (critic_loss, (per_sample, q_mean)), grads = jax.value_and_grad(
             critic_loss_fn, has_aux=True)(state.critic_params, state, minibatch)
         critic_params, critic_opt_state = apply(grads, state.critic_opt_state,
@@ -99,7 +106,7 @@ def make_update(
         metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q_mean}
         return state, (per_sample + config.priority_epsilon, metrics)
 
-    def update(state: D4PGState, batch: Batch) -> tuple[D4PGState, dict]:
+    def update(state: D4PGState, batch: Batch) -> tuple[D4PGState, Metrics]:
         state, (priorities, metrics) = jax.lax.scan(sgd_step, state, dict(batch))
         metrics = jax.tree.map(jnp.mean, metrics)
         return state, dict(metrics, priorities=priorities) if config.prioritized else metrics

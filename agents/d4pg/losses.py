@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import rlax
 
 
-def critic_loss(atoms: jax.Array, logits_tm1: jax.Array, r_t: jax.Array,
+def critic_loss(atoms: chex.Array, logits_tm1: jax.Array, r_t: jax.Array,
                 discount_t: jax.Array, logits_t: jax.Array) -> jax.Array:
     """The distributional Bellman loss (eq. 4 with the N-step target of eq. 7): the
     cross-entropy of Z(s_tm1, a_tm1) against r_t + discount_t Z'(s_t, mu'(s_t)) projected
@@ -26,11 +26,12 @@ def critic_loss(atoms: jax.Array, logits_tm1: jax.Array, r_t: jax.Array,
       [] the loss, with no gradient into the target.
     """
     chex.assert_rank([atoms, logits_tm1, r_t, discount_t, logits_t], [1, 1, 0, 0, 1])
-    return rlax.categorical_td_learning(atoms, logits_tm1, r_t, discount_t, atoms,
-                                        jax.lax.stop_gradient(logits_t))
+    # rlax annotates its result as any array (numpy's too); from JAX inputs it is JAX's.
+    return jnp.asarray(rlax.categorical_td_learning(atoms, logits_tm1, r_t, discount_t, atoms,
+                                                    jax.lax.stop_gradient(logits_t)))
 
 
-def actor_loss(atoms: jax.Array, logits: jax.Array) -> jax.Array:
+def actor_loss(atoms: chex.Array, logits: jax.Array) -> jax.Array:
     """-E[Z(s, mu(s))], the deterministic policy gradient on the distribution's mean (eq. 6).
 
     Args:

@@ -7,14 +7,15 @@ import jax.numpy as jnp
 
 from trellis import reverb_tables as rt
 from trellis.agents.common import AgentBuilder
+from trellis.agents.common.params import Params
 from trellis.agents.dqn.config import DQNConfig
 from trellis.agents.dqn.learner import make_training
 from trellis.agents.dqn.networks import DQNNetworks, make_networks
-from trellis.builders.contract.agent import REPLAY, Capabilities, Training
+from trellis.builders.contract.agent import REPLAY, Capabilities, Policy, State, Training
 from trellis.envs.specs import EnvSpec
 
 
-class DQNBuilder(AgentBuilder):
+class DQNBuilder(AgentBuilder[EnvSpec]):
     """Builder for DQN and Ape-X; acting is SEED-style through the central inference server.
 
     Inference records plain unrolls (no extras: Q-learning needs only what was seen and
@@ -27,7 +28,7 @@ class DQNBuilder(AgentBuilder):
     def make_networks(self, spec: EnvSpec) -> DQNNetworks:
         return make_networks(spec, self.config.hidden_sizes)
 
-    def make_policy(self, networks: DQNNetworks, evaluation: bool = False):
+    def make_policy(self, networks: DQNNetworks, evaluation: bool = False) -> Policy:
         """`policy(params, key, obs[N, ...], state, first) -> (actions[N], {}, state)`,
         feed-forward (the state stays {}): greedy when evaluating,
         otherwise epsilon-greedy with each row's epsilon from the config's ladder.
@@ -41,7 +42,8 @@ class DQNBuilder(AgentBuilder):
         c = self.config
         ladder = jnp.asarray(c.epsilons, jnp.float32)
 
-        def policy(params, key, obs, state, first):
+        def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
+                   first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             del first  # Feed-forward: nothing to reset.
             q_values = networks.apply(params["q"], obs)  # [N, A]
             greedy = jnp.argmax(q_values, axis=-1).astype(jnp.int32)

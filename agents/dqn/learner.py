@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,15 +24,18 @@ from trellis.agents.common import (
     init_target_network_state,
     make_optimizer,
 )
+from trellis.agents.common.params import Params
 from trellis.agents.dqn.config import DQNConfig
 from trellis.agents.dqn.losses import double_q_td_error, weighted_huber_loss
 from trellis.agents.dqn.networks import DQNNetworks
 from trellis.builders.contract.agent import Training
 
+Metrics = dict[str, jax.Array]
+
 
 def make_update(
     networks: DQNNetworks, optimizer: optax.GradientTransformation, config: DQNConfig
-) -> Callable[[TargetNetworkState, Batch], tuple[TargetNetworkState, dict]]:
+) -> Callable[[TargetNetworkState, Batch], tuple[TargetNetworkState, Metrics]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     `batch` holds U sampled minibatches, each leaf [U, S, ...]: `obs`, `action`, `reward`
@@ -42,7 +44,8 @@ def make_update(
     `metrics["priorities"]` [U, S] are the new priorities, the rest are means.
     """
 
-    def loss_fn(params, target_params, minibatch):
+    def loss_fn(params: Params, target_params: Params, minibatch: Batch
+                ) -> tuple[jax.Array, tuple[jax.Array, Metrics]]:
         q_tm1 = networks.apply(params, minibatch["obs"])  # [S, A]
         q_t_online = networks.apply(params, minibatch["next_obs"])  # [S, A]
         q_t_target = networks.apply(target_params, minibatch["next_obs"])  # [S, A]
@@ -53,7 +56,8 @@ def make_update(
         loss = weighted_huber_loss(td, weights, config.huber_delta)
         return loss, (td, {"q_mean": jnp.mean(q_tm1), "td_abs": jnp.mean(jnp.abs(td))})
 
-    def sgd_step(state: TargetNetworkState, minibatch):
+    def sgd_step(state: TargetNetworkState, minibatch: Batch
+                 ) -> tuple[TargetNetworkState, tuple[jax.Array, Metrics]]:
         (loss, (td, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.target_params, minibatch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -67,7 +71,7 @@ def make_update(
         state = TargetNetworkState(params, target_params, opt_state, key, step)
         return state, (priorities, metrics)
 
-    def update(state: TargetNetworkState, batch: Batch) -> tuple[TargetNetworkState, dict]:
+    def update(state: TargetNetworkState, batch: Batch) -> tuple[TargetNetworkState, Metrics]:
         state, (priorities, metrics) = jax.lax.scan(sgd_step, state, dict(batch))
         metrics = jax.tree.map(jnp.mean, metrics)
         return state, dict(metrics, priorities=priorities)
@@ -86,7 +90,7 @@ def make_training(networks: DQNNetworks, config: DQNConfig) -> Training:
     )
 
 
-def acting_params(state: Any) -> dict[str, Any]:
+def acting_params(state: TargetNetworkState) -> dict[str, Params]:
     """What the acting policy reads: the online params and the SGD step count (for the
     epsilon decay), so the policy needs nothing beyond the usual params argument."""
     return {"q": state.params, "updates": state.step}

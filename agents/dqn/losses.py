@@ -37,8 +37,9 @@ def double_q_td_error(
     """
     chex.assert_rank([q_tm1, a_tm1, n_step_return, discount, q_t_target, q_t_online],
                      [1, 0, 0, 0, 1, 1])
-    return rlax.double_q_learning(q_tm1, a_tm1, n_step_return, discount, q_t_target,
-                                  q_t_online)
+    # rlax annotates its result as any array (numpy's too); from JAX inputs it is JAX's.
+    return jnp.asarray(rlax.double_q_learning(q_tm1, a_tm1, n_step_return, discount,
+                                              q_t_target, q_t_online))
 
 
 def weighted_huber_loss(td_errors: jax.Array, weights: jax.Array, delta: float) -> jax.Array:

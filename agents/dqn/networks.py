@@ -26,7 +26,7 @@ class DuelingQNet(nn.Module):
     torso: nn.Module
 
     @nn.compact
-    def __call__(self, obs):  # [..., *obs_shape] -> [..., A]
+    def __call__(self, obs: jax.Array) -> jax.Array:  # [..., *obs_shape] -> [..., A]
         h = self.torso(obs)
         value = nn.Dense(1)(h)  # [..., 1]
         advantages = nn.Dense(self.num_actions)(h)  # [..., A]
@@ -44,7 +44,7 @@ class DQNNetworks:
 
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> DQNNetworks:
     """Raises ValueError for continuous actions (Q-learning needs a finite action set)."""
-    if not spec.discrete:
+    if spec.num_actions is None:
         raise ValueError("DQN needs discrete actions; use --agent=ppo or sac for Box actions.")
     net = DuelingQNet(spec.num_actions, make_torso(spec, hidden_sizes))
     dummy = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)

@@ -6,10 +6,11 @@ import jax
 import numpy as np
 
 from trellis.agents.common import STATE_HPARAMS
+from trellis.agents.common.params import Params
 from trellis.agents.es.config import OPEN_ES, ESConfig
 from trellis.agents.es.learner import ESLearner, Search, evosax_algorithms, make_search
 from trellis.agents.es.networks import ESNetworks, make_networks
-from trellis.builders.contract.agent import EPISODES, Capabilities, Policy, Training
+from trellis.builders.contract.agent import EPISODES, Capabilities, Policy, State, Training
 from trellis.builders.contract.population import MemberPolicy
 from trellis.envs.specs import EnvSpec
 
@@ -44,7 +45,8 @@ class ESBuilder:
         or not (the search explores in parameter space, not by sampling actions)."""
         del evaluation
 
-        def policy(params, key, obs, state, first):
+        def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
+                   first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             del key, first
             return networks.act(params, obs), {}, state
 

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from trellis.agents.common import scale_by_learning_rate_factor
+from trellis.agents.common.params import Params
 from trellis.agents.es import losses
 from trellis.agents.es.config import EVOSAX_STRATEGIES, OPEN_ES, ESConfig
 from trellis.agents.es.networks import ESNetworks
@@ -74,7 +75,8 @@ class Search:
     @staticmethod
     def mean(state: ESState) -> jax.Array:
         """The search's mean, [D]: the policy it stands for."""
-        return state.search.mean
+        mean: jax.Array = state.search.mean
+        return mean
 
     @staticmethod
     def episode_key(state: ESState) -> jax.Array:
@@ -111,16 +113,18 @@ def make_open_es(networks: ESNetworks, config: ESConfig) -> Search:
         return losses.pair_noise(state.key, state.generation, size // 2, dim)
 
     def ask(state: ESState) -> jax.Array:
-        return state.search.mean + sigma * losses.antithetic(noise(state))
+        return Search.mean(state) + sigma * losses.antithetic(noise(state))
 
-    def update(state: ESState, batch: Mapping[str, jax.Array]):
+    def update(state: ESState, batch: Mapping[str, jax.Array]
+               ) -> tuple[ESState, dict[str, jax.Array]]:
         fitness = batch["fitness"]
         mean = state.search.mean
         gradient = losses.gradient_estimate(losses.centered_ranks(fitness), noise(state), sigma)
         step, opt_state = optimizer.update(
             losses.descent_direction(gradient, mean, config.weight_decay),
             state.search.opt_state, mean)
-        mean = optax.apply_updates(mean, step)
+        # optax annotates the result as any pytree; from the array [D] it is the array [D].
+        mean = jnp.asarray(optax.apply_updates(mean, step))
         metrics = {**fitness_metrics(fitness), "gradient_norm": jnp.linalg.norm(gradient),
                    "mean_norm": jnp.linalg.norm(mean)}
         return ESState(OpenESState(mean, opt_state), state.key, state.generation + 1), metrics
@@ -165,9 +169,12 @@ def make_evosax(networks: ESNetworks, config: ESConfig) -> Search:
         return ESState(search, noise_key, jnp.zeros((), jnp.int32))
 
     def asked(state: ESState) -> tuple[jax.Array, Any]:
-        return es.ask(losses.generation_key(state.key, state.generation), state.search, params)
+        population_and_state: tuple[jax.Array, Any] = es.ask(
+            losses.generation_key(state.key, state.generation), state.search, params)
+        return population_and_state
 
-    def update(state: ESState, batch: Mapping[str, jax.Array]):
+    def update(state: ESState, batch: Mapping[str, jax.Array]
+               ) -> tuple[ESState, dict[str, jax.Array]]:
         fitness = batch["fitness"]
         population, search = asked(state)
         tell_key = jax.random.fold_in(losses.generation_key(state.key, state.generation), 1)
@@ -202,11 +209,12 @@ class ESLearner:
         self.num_members = search.num_members
         self._ask = jax.jit(search.ask)
         self._update = jax.jit(search.update)
-        self._state = jax.device_put(jax.jit(search.init)(key), self._device)
+        self._state: ESState = jax.device_put(jax.jit(search.init)(key), self._device)
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Tells the generation's fitness ({"fitness": [N]}); the update's metrics."""
         fitness = jax.device_put(np.asarray(batch["fitness"], np.float32), self._device)
+        metrics: dict[str, jax.Array]
         self._state, metrics = self._update(self._state, {"fitness": fitness})
         return metrics
 
@@ -219,7 +227,7 @@ class ESLearner:
         return int(self._state.generation)
 
     @property
-    def params(self) -> Any:
+    def params(self) -> Params:
         return self._networks.unravel(Search.mean(self._state))
 
     @property

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -12,6 +12,8 @@ import jax.numpy as jnp
 from jax import flatten_util
 
 from trellis.agents.common import MLPTorso
+from trellis.agents.common.continuous import action_bounds
+from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
 
@@ -22,7 +24,7 @@ class PolicyNetwork(nn.Module):
     num_outputs: int
 
     @nn.compact
-    def __call__(self, obs):  # [..., obs] -> [..., num_outputs]
+    def __call__(self, obs: jax.Array) -> jax.Array:  # [..., obs] -> [..., num_outputs]
         return nn.Dense(self.num_outputs)(MLPTorso(self.hidden_sizes)(obs))
 
 
@@ -41,22 +43,26 @@ class ESNetworks:
     network: PolicyNetwork
     spec: EnvSpec
     num_params: int
-    unravel: Callable[[jax.Array], Any]
+    unravel: Callable[[jax.Array], Params]
     init_flat: Callable[[jax.Array], jax.Array]
 
-    def act(self, params: Any, obs: jax.Array) -> jax.Array:
-        """The deterministic action of `params` for `obs` [N, ...] -> [N, ...]."""
-        out = self.network.apply(params, obs)
-        if self.spec.discrete:
+    def act(self, params: Params, obs: jax.Array) -> jax.Array:
+        """The deterministic action of `params` for `obs` [N, ...] -> [N, ...].
+
+        Raises:
+          ValueError: Box actions without finite bounds (the action is tanh scaled to them).
+        """
+        out = pure_apply(self.network)(params, obs)
+        if self.spec.num_actions is not None:
             return jnp.argmax(out, axis=-1).astype(self.spec.action_dtype)
-        low = jnp.asarray(self.spec.action_low, jnp.float32)
-        high = jnp.asarray(self.spec.action_high, jnp.float32)
+        bounds = action_bounds(self.spec, "ES")
+        low, high = (jnp.asarray(b, jnp.float32) for b in bounds)
         return low + (jnp.tanh(out) + 1.0) * 0.5 * (high - low)
 
 
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> ESNetworks:
-    outputs = spec.num_actions if spec.discrete else int(jnp.prod(jnp.asarray(spec.action_shape)))
-    network = PolicyNetwork(tuple(hidden_sizes), int(outputs))
+    outputs = spec.num_actions if spec.num_actions is not None else math.prod(spec.action_shape)
+    network = PolicyNetwork(tuple(hidden_sizes), outputs)
     dummy = jnp.zeros((1, *spec.observation_shape), jnp.float32)
 
     def init_flat(key: jax.Array) -> jax.Array:

@@ -10,20 +10,31 @@ import jax.numpy as jnp
 import numpy as np
 
 from trellis.agents.common import AgentBuilder
+from trellis.agents.common.params import Params
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.learner import Learner, make_training
-from trellis.agents.impala.networks import ImpalaNetworks, make_networks
-from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Training
+from trellis.agents.impala.networks import ImpalaNetworks, make_networks, num_actions
+from trellis.builders.contract.agent import (
+    UNROLLS,
+    ArraySpec,
+    Capabilities,
+    Policy,
+    State,
+    Training,
+)
 from trellis.envs.specs import EnvSpec
 
 
-class ImpalaBuilder(AgentBuilder):
+class ImpalaBuilder(AgentBuilder[EnvSpec]):
     """Builder for IMPALA; acting is SEED-style through the central inference server."""
 
     config: ImpalaConfig
 
     def make_networks(self, spec: EnvSpec) -> ImpalaNetworks:
         c = self.config
+        # Never None in a made config: `ImpalaConfig.__post_init__` put the core's values there.
+        assert (c.hidden_sizes is not None and c.normalize_observations is not None
+                and c.pixel_torso is not None)
         return make_networks(spec, c.hidden_sizes, c.core, c.lstm_size,
                              c.normalize_observations, c.pixel_torso)
 
@@ -33,13 +44,14 @@ class ImpalaBuilder(AgentBuilder):
 
     def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]:
         """What the inference server records per step beside the action."""
-        return {"logits": ArraySpec((spec.num_actions,), "float32")}
+        return {"logits": ArraySpec((num_actions(spec),), "float32")}
 
-    def make_policy(self, networks: ImpalaNetworks, evaluation: bool = False):
+    def make_policy(self, networks: ImpalaNetworks, evaluation: bool = False) -> Policy:
         """`policy(params, key, obs[N, ...], state, first[N]) -> (actions[N], extras, state)`:
         one step of the network (T = 1); greedy when evaluating."""
 
-        def policy(params, key, obs, state, first):
+        def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
+                   first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             logits, _, state = networks.apply(params, obs[None], first[None], state)
             logits = logits[0]  # [N, A]
             if evaluation:

@@ -34,11 +34,17 @@ class ImpalaConfig(AgentConfig):
     when the config is made, so a config always holds the values it runs with.
     """
 
+    # The fields `CORE_DEFAULTS` names default to None and hold it only until `__post_init__`
+    # puts their core's value there (the flags read `| None` from these annotations, to take
+    # "none" for "the core's default"). hidden_sizes, learning_rate and learning_rate_schedule
+    # so widen AgentConfig's types with a None that a made config never holds, which a type
+    # checker cannot see through `__post_init__`: hence the ignores on those three.
+
     # Network. The core's own settings (lstm_size) apply only with core "lstm".
     core: str = setting("none", "recurrent core after the torso: none (feed-forward) or lstm",
                         choices=("none", "lstm"))
     lstm_size: int = setting(64, "width of the LSTM core (with --core=lstm)", ge=1)
-    hidden_sizes: tuple[int, ...] | None = setting(
+    hidden_sizes: tuple[int, ...] | None = setting(  # type: ignore[assignment]
         None, "widths of the MLP torso's hidden layers, comma-separated; none: 64,64, or 64 "
         "with --core=lstm", ge=1)
     pixel_torso: str | None = setting(
@@ -53,9 +59,9 @@ class ImpalaConfig(AgentConfig):
     unroll_length: int = 5
     batch_size: int = 32
     max_queue_size: int = 8  # Bounds the policy lag.
-    learning_rate: float | None = setting(
+    learning_rate: float | None = setting(  # type: ignore[assignment]
         None, "Adam's learning rate; none: 4e-3, or 3e-3 with --core=lstm", gt=0)
-    learning_rate_schedule: str | None = setting(
+    learning_rate_schedule: str | None = setting(  # type: ignore[assignment]
         None, "the learning rate's schedule: constant, or linear (falling to 0 at the end of "
         "the env-step budget, --total_env_steps; the IMPALA paper's); none: linear, or constant "
         "with --core=lstm", choices=("constant", "linear"))
@@ -80,7 +86,7 @@ class ImpalaConfig(AgentConfig):
         "constant part; keep it off where episodes can terminate early: it changes what "
         "living longer is worth (independent IMPALA on MPE: on)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name, value in CORE_DEFAULTS.get(self.core, {}).items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
@@ -18,6 +19,7 @@ from trellis.agents.common import (
     make_optimizer,
 )
 from trellis.agents.common.normalization import keep_moments, observe
+from trellis.agents.common.params import Params
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.losses import impala_loss
 from trellis.agents.impala.networks import ImpalaNetworks
@@ -26,7 +28,7 @@ from trellis.builders.contract.agent import Training, recorded_state
 
 def make_update(
     networks: ImpalaNetworks, optimizer: optax.GradientTransformation, config: ImpalaConfig
-) -> Callable[[TrainingState, Batch], tuple[TrainingState, dict]]:
+) -> Callable[[TrainingState, Batch], tuple[TrainingState, dict[str, jax.Array]]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     The batch holds what the inference server recorded per step: `obs`, `first`, `reward`,
@@ -44,7 +46,8 @@ def make_update(
         clip_pg_rho_threshold=config.clip_pg_rho_threshold,
     )
 
-    def batch_loss(params, batch: Batch, entropy_cost: jax.Array):
+    def batch_loss(params: Params, batch: Batch, entropy_cost: jax.Array
+                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
         logits, values, _ = networks.apply(  # [T+1, B, A], [T+1, B]
             params, batch["obs"], batch["first"], recorded_state(batch))
         discounts = config.discount * (1.0 - batch["terminated"][1:].astype(jnp.float32))
@@ -66,18 +69,19 @@ def make_update(
         )
         return jnp.mean(losses), jax.tree.map(jnp.mean, metrics)
 
-    def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
+    def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict[str, jax.Array]]:
         # Step 0 repeats the previous unroll's last step: its observation is merged already.
         params = observe(state.params, batch["obs"][1:])
         (loss, metrics), grads = jax.value_and_grad(batch_loss, has_aux=True)(
             params, batch, state.hparams["entropy_cost"]
         )
         updates, opt_state = optimizer.update(grads, state.opt_state, params)
-        new_params = keep_moments(optax.apply_updates(params, updates), params)
+        stepped: Params = optax.apply_updates(params, updates)
+        new_params = keep_moments(stepped, params)
         key, _ = jax.random.split(state.key)
         metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
-        return state.replace(params=new_params, opt_state=opt_state, key=key,
-                             step=state.step + 1), metrics
+        return dataclasses.replace(state, params=new_params, opt_state=opt_state, key=key,
+                                   step=state.step + 1), metrics
 
     return update
 

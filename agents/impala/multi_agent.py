@@ -31,7 +31,7 @@ from trellis.agents.common.multi_agent import (
 from trellis.agents.impala.builder import ImpalaBuilder
 from trellis.agents.impala.config import ImpalaConfig
 from trellis.agents.impala.learner import make_training as impala_training
-from trellis.agents.impala.networks import ImpalaNetworks
+from trellis.agents.impala.networks import ImpalaNetworks, num_actions
 from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Policy, Training
 from trellis.builders.contract.config import setting
 from trellis.builders.contract.policy_mapping import PolicyGroup, add_agent_ids, stack
@@ -88,10 +88,11 @@ class MultiAgentNetworks:
     def inputs(self, group: PolicyGroup, step: MultiAgentStep) -> jax.Array:
         """[N, n, ...]: each agent's observation, with its one-hot id where the policy serves
         several agents (`add_agent_ids`)."""
-        return add_agent_ids(group, stack(group, step.obs, jnp), jnp)
+        x: jax.Array = add_agent_ids(group, stack(group, step.obs, jnp), jnp)
+        return x
 
 
-class IImpalaBuilder(AgentBuilder):
+class IImpalaBuilder(AgentBuilder[MultiAgentSpec]):
     """Builder of independent IMPALA on multi-agent envs (see the module docstring)."""
 
     config: IImpalaConfig
@@ -105,7 +106,7 @@ class IImpalaBuilder(AgentBuilder):
     def capabilities(self) -> Capabilities:
         return Capabilities(UNROLLS, anakin=True, multi_agent=True)
 
-    def make_networks(self, spec: MultiAgentSpec) -> MultiAgentNetworks:  # type: ignore[override]
+    def make_networks(self, spec: MultiAgentSpec) -> MultiAgentNetworks:
         """IMPALA's networks per policy of `config.mapping` on `spec`.
 
         Raises:
@@ -115,10 +116,9 @@ class IImpalaBuilder(AgentBuilder):
         return MultiAgentNetworks(groups, {g.policy: self._single(g).make_networks(g.spec)
                                            for g in groups})
 
-    def extras_spec(self, spec: MultiAgentSpec  # type: ignore[override]
-                    ) -> dict[str, dict[str, ArraySpec]]:
+    def extras_spec(self, spec: MultiAgentSpec) -> dict[str, dict[str, ArraySpec]]:
         """The behaviour logits of each agent's step, of its policy's number of actions."""
-        return {"logits": {agent: ArraySpec((g.spec.num_actions,), "float32")
+        return {"logits": {agent: ArraySpec((num_actions(g.spec),), "float32")
                            for g in self.config.mapping.groups(spec) for agent in g.agents}}
 
     def make_policy(self, networks: MultiAgentNetworks, evaluation: bool = False) -> Policy:
@@ -126,8 +126,7 @@ class IImpalaBuilder(AgentBuilder):
             g.policy: self._single(g).make_policy(networks.policies[g.policy], evaluation)
             for g in networks.groups})
 
-    def make_training(self, networks: MultiAgentNetworks,  # type: ignore[override]
-                      spec: MultiAgentSpec) -> Training:
+    def make_training(self, networks: MultiAgentNetworks, spec: MultiAgentSpec) -> Training:
         del spec  # The networks know the groups and shapes.
         return per_policy_training(networks, {
             g.policy: impala_training(networks.policies[g.policy], self._single(g).config)

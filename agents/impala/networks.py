@@ -40,7 +40,8 @@ class PolicyValueNet(nn.Module):
     normalizer: nn.Module | None = None
 
     @nn.compact
-    def __call__(self, obs, first, state: State):
+    def __call__(self, obs: jax.Array, first: jax.Array, state: State
+                 ) -> tuple[jax.Array, jax.Array, State]:
         if self.normalizer is not None:
             obs = self.normalizer(obs)
         h = self.torso(obs)  # [T, B, F]
@@ -65,6 +66,17 @@ class ImpalaNetworks:
     initial_state: Callable[[int], dict[str, np.ndarray]]
 
 
+def num_actions(spec: EnvSpec) -> int:
+    """The number of discrete actions of `spec`, the size of the policy's logits.
+
+    Raises:
+      ValueError: the action space is not discrete.
+    """
+    if spec.num_actions is None:
+        raise ValueError("IMPALA here handles discrete actions; use --agent=sac or ppo for Box.")
+    return spec.num_actions
+
+
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none",
                   lstm_size: int = 128, normalize_observations: bool = False,
                   pixel_torso: str = "nature") -> ImpalaNetworks:
@@ -83,13 +95,12 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], core: str = "none"
     Raises:
       ValueError: the action space is not discrete.
     """
-    if not spec.discrete:
-        raise ValueError("IMPALA here handles discrete actions; use --agent=sac or ppo for Box.")
+    actions = num_actions(spec)
     recurrent = core == "lstm"
     torso = make_torso(spec, hidden_sizes, pixel_torso)
     normalizer = (ObservationNormalizer(spec.observation_shape)
                   if normalize_observations and not spec.pixels else None)
-    net = PolicyValueNet(spec.num_actions, torso, lstm_size if recurrent else 0, normalizer)
+    net = PolicyValueNet(actions, torso, lstm_size if recurrent else 0, normalizer)
 
     def initial_state(n: int) -> dict[str, np.ndarray]:
         return lstm_initial_state(n, lstm_size) if recurrent else {}

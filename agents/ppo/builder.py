@@ -8,14 +8,22 @@ from typing import Any
 import jax
 
 from trellis.agents.common import AgentBuilder
+from trellis.agents.common.params import Params
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.learner import Learner, make_training
 from trellis.agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
-from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Training
+from trellis.builders.contract.agent import (
+    UNROLLS,
+    ArraySpec,
+    Capabilities,
+    Policy,
+    State,
+    Training,
+)
 from trellis.envs.specs import EnvSpec
 
 
-class PPOBuilder(AgentBuilder):
+class PPOBuilder(AgentBuilder[EnvSpec]):
     """Builder for PPO; acting is SEED-style through the central inference server.
 
     PPO is on-policy: the learner's bounded queue (`max_queue_size` batches) keeps the data
@@ -38,16 +46,17 @@ class PPOBuilder(AgentBuilder):
         log-probability refers to (the env gets it clipped to its bounds).
         """
         extras = {"log_prob": ArraySpec((), "float32"), "value": ArraySpec((), "float32")}
-        if not spec.discrete:
+        if spec.num_actions is None:
             extras[DiagonalGaussian.learn_field] = ArraySpec(spec.action_shape, "float32")
         return extras
 
-    def make_policy(self, networks: PPONetworks, evaluation: bool = False):
+    def make_policy(self, networks: PPONetworks, evaluation: bool = False) -> Policy:
         """`policy(params, key, obs[N, ...], state, first) -> (actions[N, ...], extras,
         state)`, feed-forward (the state stays {}); the distribution's mode when evaluating."""
         distribution = networks.distribution
 
-        def policy(params, key, obs, state, first):
+        def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
+                   first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             del first  # Feed-forward: nothing to reset.
             dist_params, value = networks.apply(params, obs)
             if evaluation:

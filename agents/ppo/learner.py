@@ -3,9 +3,9 @@ shell that runs it data-parallel."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ from trellis.agents.common import (
     make_optimizer,
 )
 from trellis.agents.common.normalization import keep_moments, observe
+from trellis.agents.common.params import Params
 from trellis.agents.common.vtrace import vtrace
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.losses import (
@@ -31,9 +32,13 @@ from trellis.agents.ppo.losses import (
 from trellis.agents.ppo.networks import PPONetworks
 from trellis.builders.contract.agent import Training
 
+Metrics = dict[str, jax.Array]
+# An SGD step's carry: the params and the optimizer's state.
+Carry = tuple[Params, optax.OptState]
+
 
 def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch,
-                     params: Any = None) -> dict:
+                     params: Params = None) -> dict[str, jax.Array]:
     """Flat transitions [T * B, ...] with their advantages and value targets.
 
     With GAE (PPO), advantages use the values recorded when acting (the behaviour policy's
@@ -86,7 +91,9 @@ def make_transitions(networks: PPONetworks, config: PPOConfig, batch: Batch,
         "return": returns,
         "mask": mask,
     }
-    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
+    flat: dict[str, jax.Array] = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
+                                              transitions)
+    return flat
 
 
 def random_order(key: jax.Array, n: int) -> jax.Array:
@@ -110,7 +117,7 @@ def make_update(
     optimizer: optax.GradientTransformation,
     config: PPOConfig,
     mesh: Mesh | None = None,
-) -> Callable[[TrainingState, Batch], tuple[TrainingState, dict]]:
+) -> Callable[[TrainingState, Batch], tuple[TrainingState, Metrics]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     One update is PPO's whole optimisation phase on one batch of unrolls: GAE, then
@@ -140,7 +147,8 @@ def make_update(
     distribution = networks.distribution
     num_minibatches, num_transitions = config.num_minibatches, config.num_transitions
 
-    def minibatch_loss(params, mb: dict, entropy_cost: jax.Array):
+    def minibatch_loss(params: Params, mb: dict[str, jax.Array], entropy_cost: jax.Array
+                       ) -> tuple[jax.Array, Metrics]:
         dist_params, values = networks.apply(params, mb["obs"])  # [N, ...], [N]
         return loss_fn(
             distribution.log_prob(dist_params, mb["action"]),
@@ -154,21 +162,25 @@ def make_update(
             entropy_cost=entropy_cost,
         )
 
-    def sgd_step(entropy_cost: jax.Array, carry, mb: dict):
+    def sgd_step(entropy_cost: jax.Array, carry: Carry, mb: dict[str, jax.Array]
+                 ) -> tuple[Carry, Metrics]:
         params, opt_state = carry
         (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
             params, mb, entropy_cost)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = keep_moments(optax.apply_updates(params, updates), params)
+        stepped: Params = optax.apply_updates(params, updates)
+        params = keep_moments(stepped, params)
         return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
 
-    def shard(x):
+    def shard(x: jax.Array) -> jax.Array:
         if mesh is None:
             return x
         spec = PartitionSpec(None, "data")  # [M, N / M, ...]: each minibatch split.
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        sharded: jax.Array = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return sharded
 
-    def epoch(transitions: dict, entropy_cost: jax.Array, carry, key: jax.Array):
+    def epoch(transitions: dict[str, jax.Array], entropy_cost: jax.Array, carry: Carry,
+              key: jax.Array) -> tuple[Carry, Metrics]:
         if num_minibatches > 1:  # One minibatch is the whole batch in any order: no sort.
             order = random_order(key, num_transitions)
             transitions = jax.tree.map(lambda x: x[order], transitions)
@@ -176,7 +188,7 @@ def make_update(
             lambda x: shard(x.reshape((num_minibatches, -1) + x.shape[1:])), transitions)
         return jax.lax.scan(functools.partial(sgd_step, entropy_cost), carry, minibatches)
 
-    def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, dict]:
+    def update(state: TrainingState, batch: Batch) -> tuple[TrainingState, Metrics]:
         keys = jax.random.split(state.key, config.num_epochs + 1)
         # Step 0 repeats the previous unroll's last step: its observation is merged already.
         params = observe(state.params, batch["obs"][1:])
@@ -186,8 +198,8 @@ def make_update(
             (params, state.opt_state), keys[1:]
         )
         metrics = jax.tree.map(jnp.mean, metrics)
-        return state.replace(params=params, opt_state=opt_state, key=keys[0],
-                             step=state.step + 1), metrics
+        return dataclasses.replace(state, params=params, opt_state=opt_state, key=keys[0],
+                                   step=state.step + 1), metrics
 
     return update
 

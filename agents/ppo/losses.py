@@ -78,7 +78,8 @@ def generalized_advantage_estimation(
     lambda_t = jnp.broadcast_to(jnp.asarray(lambda_t, r_t.dtype), r_t.shape)
     delta_t = r_t + discount_t * values[1:] - values[:-1]
 
-    def backward(acc, xs):  # acc = A_{s+1}
+    def backward(acc: jax.Array, xs: tuple[jax.Array, jax.Array]
+                 ) -> tuple[jax.Array, jax.Array]:  # acc = A_{s+1}
         delta, trace = xs
         acc = delta + trace * acc
         return acc, acc

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -47,10 +46,18 @@ from trellis.agents.common.multi_agent import (  # noqa: F401 (group_batch: re-e
     group_batch,
     per_policy_training,
 )
+from trellis.agents.common.params import Params, pure_apply
 from trellis.agents.ppo.config import PPOConfig
 from trellis.agents.ppo.learner import make_training as ppo_training
 from trellis.agents.ppo.networks import ActorCritic, PPONetworks, make_networks
-from trellis.builders.contract.agent import UNROLLS, ArraySpec, Capabilities, Training
+from trellis.builders.contract.agent import (
+    UNROLLS,
+    ArraySpec,
+    Capabilities,
+    Policy,
+    State,
+    Training,
+)
 from trellis.builders.contract.config import setting
 from trellis.builders.contract.policy_mapping import (
     PolicyGroup,
@@ -100,8 +107,9 @@ class _Slice(nn.Module):
     start: int
     stop: int | None
 
-    def __call__(self, x):
-        return self.torso(x[..., self.start:self.stop])
+    def __call__(self, x: jax.Array) -> jax.Array:
+        features: jax.Array = self.torso(x[..., self.start:self.stop])
+        return features
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +135,7 @@ class MultiAgentNetworks:
         """[N, n, D] of the group's n agents in N envs (`step`'s leaves [N, ...]): each agent's
         observation with its one-hot id (`add_agent_ids`), then, for a centralised critic, the
         global state with the id."""
-        x = add_agent_ids(group, stack(group, step.obs, jnp), jnp)
+        x: jax.Array = add_agent_ids(group, stack(group, step.obs, jnp), jnp)
         if not self.centralised_critic:
             return x
         n = len(group.agents)
@@ -147,7 +155,7 @@ def make_multi_agent_networks(spec: MultiAgentSpec, config: IPPOConfig) -> Multi
     if config.centralised_critic and spec.global_state_shape is None:
         raise ValueError("mappo's critic needs the env's global state; this env has none "
                          "(use --agent=ippo)")
-    policies = {}
+    policies: dict[str, PPONetworks] = {}
     for group in groups:
         networks = make_networks(group.spec, config.hidden_sizes, config.normalize_observations,
                                  config.pixel_torso, config.shared_torso)
@@ -161,13 +169,13 @@ def make_multi_agent_networks(spec: MultiAgentSpec, config: IPPOConfig) -> Multi
             critic_size = _size(spec.global_state_shape) + (len(group.agents)
                                                             if group.agent_ids else 0)
             dummy = jnp.zeros((1, actor_size + critic_size), jnp.float32)
-            networks = PPONetworks(init=functools.partial(_init, net, dummy), apply=net.apply,
-                                   distribution=networks.distribution)
+            networks = PPONetworks(init=functools.partial(_init, net, dummy),
+                                   apply=pure_apply(net), distribution=networks.distribution)
         policies[group.policy] = networks
     return MultiAgentNetworks(groups, policies, config.centralised_critic)
 
 
-def _init(net: nn.Module, dummy: jax.Array, key: jax.Array) -> Any:
+def _init(net: nn.Module, dummy: jax.Array, key: jax.Array) -> Params:
     return net.init(key, dummy)
 
 
@@ -175,12 +183,14 @@ def _size(shape: tuple[int, ...] | None) -> int:
     return int(functools.reduce(lambda a, b: a * b, shape or (), 1))
 
 
-def make_policy(networks: MultiAgentNetworks, evaluation: bool = False):
+def make_policy(networks: MultiAgentNetworks, evaluation: bool = False) -> Policy:
     """`policy(params, key, step, state, first) -> (actions, extras, state)` on N envs'
     `MultiAgentStep`: each policy acts for its agents in one batch; actions and extras are
     {agent: [N, ...]}; the distribution's mode when evaluating."""
 
-    def policy(params, key, step, state, first):
+    def policy(params: Params, key: jax.Array, step: MultiAgentStep, state: State,
+               first: jax.Array
+               ) -> tuple[dict[str, jax.Array], dict[str, dict[str, jax.Array]], State]:
         del first  # Feed-forward: nothing to reset.
         actions: dict[str, jax.Array] = {}
         extras: dict[str, dict[str, jax.Array]] = {"log_prob": {}, "value": {}}
@@ -216,7 +226,7 @@ def make_training(networks: MultiAgentNetworks, config: IPPOConfig) -> Training:
         for group in networks.groups})
 
 
-class IPPOBuilder(AgentBuilder):
+class IPPOBuilder(AgentBuilder[MultiAgentSpec]):
     """Builder of IPPO and MAPPO (`config.centralised_critic`) on multi-agent envs."""
 
     config: IPPOConfig
@@ -234,7 +244,7 @@ class IPPOBuilder(AgentBuilder):
         del spec
         return {"log_prob": ArraySpec((), "float32"), "value": ArraySpec((), "float32")}
 
-    def make_policy(self, networks: MultiAgentNetworks, evaluation: bool = False):
+    def make_policy(self, networks: MultiAgentNetworks, evaluation: bool = False) -> Policy:
         return make_policy(networks, evaluation)
 
     def make_training(self, networks: MultiAgentNetworks,

@@ -33,7 +33,7 @@ class ActionDistribution(Protocol):
     receives the sample clipped to its bounds.
     """
 
-    learn_field: str
+    learn_field: ClassVar[str]
 
     def sample(self, key: jax.Array, params: DistParams) -> tuple[jax.Array, jax.Array]:
         """(action for the env, action the log-probability refers to)."""
@@ -52,18 +52,18 @@ class Categorical:
 
     learn_field: ClassVar[str] = "action"
 
-    def sample(self, key, logits):
+    def sample(self, key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
         action = jax.random.categorical(key, logits).astype(jnp.int32)
         return action, action
 
-    def mode(self, logits):
+    def mode(self, logits: jax.Array) -> jax.Array:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
-    def log_prob(self, logits, action):
+    def log_prob(self, logits: jax.Array, action: jax.Array) -> jax.Array:
         log_pi = jax.nn.log_softmax(logits)
         return jnp.take_along_axis(log_pi, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
-    def entropy(self, logits):
+    def entropy(self, logits: jax.Array) -> jax.Array:
         log_pi = jax.nn.log_softmax(logits)
         return -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)
 
@@ -77,23 +77,24 @@ class DiagonalGaussian:
     low: tuple[float, ...]
     high: tuple[float, ...]
 
-    def sample(self, key, params):
+    def sample(self, key: jax.Array, params: tuple[jax.Array, jax.Array]
+               ) -> tuple[jax.Array, jax.Array]:
         mean, log_std = params
         raw = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
         return self._clip(raw), raw
 
-    def mode(self, params):
+    def mode(self, params: tuple[jax.Array, jax.Array]) -> jax.Array:
         return self._clip(params[0])
 
-    def log_prob(self, params, action):
+    def log_prob(self, params: tuple[jax.Array, jax.Array], action: jax.Array) -> jax.Array:
         mean, log_std = params
         return diagonal_gaussian_log_prob(mean, log_std, action)
 
-    def entropy(self, params):
+    def entropy(self, params: tuple[jax.Array, jax.Array]) -> jax.Array:
         _, log_std = params
         return jnp.sum(log_std + 0.5 * math.log(2 * math.pi * math.e), axis=-1)
 
-    def _clip(self, action):
+    def _clip(self, action: jax.Array) -> jax.Array:
         return jnp.clip(action, jnp.asarray(self.low), jnp.asarray(self.high))
 
 
@@ -108,20 +109,21 @@ class ActorCritic(nn.Module):
     normalizer: nn.Module | None = None
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs: jax.Array) -> tuple[DistParams, jax.Array]:
         if self.normalizer is not None:
             obs = self.normalizer(obs)
         # Small policy init: actions start near uniform (or mean 0), as in the PPO paper's
         # code; the value head starts at unit scale.
         features = self.policy_torso(obs)
         out = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01))(features)
+        dist_params: DistParams = out
         if self.gaussian:
             log_std = self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
-            out = (out, jnp.broadcast_to(log_std, out.shape))
+            dist_params = (out, jnp.broadcast_to(log_std, out.shape))
         if self.value_torso is not None:
             features = self.value_torso(obs)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(features)[..., 0]
-        return out, value
+        return dist_params, value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,19 +148,21 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int],
     Raises:
       ValueError: Box actions of rank other than 1, or without finite bounds.
     """
-    if spec.discrete:
+    distribution: ActionDistribution
+    if spec.num_actions is not None:
         num_outputs, distribution = spec.num_actions, Categorical()
     else:
         if len(spec.action_shape) != 1:
             raise ValueError(f"PPO handles flat Box actions, got shape {spec.action_shape}.")
-        bounds = (spec.action_low or ()) + (spec.action_high or ())
-        if not bounds or not all(math.isfinite(b) for b in bounds):
+        low, high = spec.action_low, spec.action_high
+        if (low is None or high is None or not low + high
+                or not all(math.isfinite(b) for b in low + high)):
             raise ValueError(
                 f"PPO clips Gaussian actions to the env's bounds; got low={spec.action_low}, "
                 f"high={spec.action_high}. Wrap the env to give finite bounds."
             )
         num_outputs = spec.action_shape[0]
-        distribution = DiagonalGaussian(spec.action_low, spec.action_high)
+        distribution = DiagonalGaussian(low, high)
     net = ActorCritic(
         policy_torso=make_torso(spec, hidden_sizes, pixel_torso),
         value_torso=None if shared_torso else make_torso(spec, hidden_sizes, pixel_torso),

@@ -12,10 +12,19 @@ import numpy as np
 
 from trellis import reverb_tables as rt
 from trellis.agents.common import AgentBuilder, lstm_initial_state
+from trellis.agents.common.params import Params
 from trellis.agents.r2d2.config import R2D2Config
 from trellis.agents.r2d2.learner import Learner, make_training
 from trellis.agents.r2d2.networks import R2D2Networks, make_networks
-from trellis.builders.contract.agent import REPLAY, ArraySpec, Capabilities, QueueSpec, Training
+from trellis.builders.contract.agent import (
+    REPLAY,
+    ArraySpec,
+    Capabilities,
+    Policy,
+    QueueSpec,
+    State,
+    Training,
+)
 from trellis.envs.specs import EnvSpec
 
 TABLE = "sequences"
@@ -29,7 +38,7 @@ def epsilon_ladder(num_slots: int, epsilon: float, alpha: float) -> np.ndarray:
     return (epsilon ** exponent).astype(np.float32)
 
 
-class R2D2Builder(AgentBuilder):
+class R2D2Builder(AgentBuilder[EnvSpec]):
     """Builder for R2D2; acting is SEED-style through the central inference server, which
     keeps every env slot's LSTM state (and its fixed epsilon) on the device.
 
@@ -65,12 +74,13 @@ class R2D2Builder(AgentBuilder):
         return rt.TableSpec(TABLE, rt.Prioritized(c.priority_exponent), rt.Fifo(),
                             c.replay_size, limiter, signature=dict(signature))
 
-    def make_policy(self, networks: R2D2Networks, evaluation: bool = False):
+    def make_policy(self, networks: R2D2Networks, evaluation: bool = False) -> Policy:
         """`policy(params, key, obs[N, ...], state, first[N]) -> (actions[N], {}, state)`:
         greedy when evaluating, otherwise epsilon-greedy with each row's own epsilon (the
         state's `epsilon`, which a reset keeps)."""
 
-        def policy(params, key, obs, state, first):
+        def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
+                   first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             core, q = networks.apply(params, state, obs[None], first[None])  # q [1, N, A]
             greedy = jnp.argmax(q[0], axis=-1).astype(jnp.int32)
             new_state = dict(core, epsilon=state["epsilon"])

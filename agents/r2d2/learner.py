@@ -26,6 +26,8 @@ from trellis.agents.common import (
     init_target_network_state,
     make_optimizer,
 )
+from trellis.agents.common.learners import Metrics
+from trellis.agents.common.params import Params
 from trellis.agents.r2d2.config import R2D2Config
 from trellis.agents.r2d2.losses import (
     sequence_priority,
@@ -42,7 +44,7 @@ from trellis.builders.contract.agent import (
 )
 
 
-def unroll_q(networks: R2D2Networks, params, batch: Batch, burn_in: int) -> jax.Array:
+def unroll_q(networks: R2D2Networks, params: Params, batch: Batch, burn_in: int) -> jax.Array:
     """Q-values [T + 1, B, A] over the steps after the burn-in.
 
     The LSTM starts from the state recorded at the sequence's first step; the burn-in steps
@@ -59,7 +61,7 @@ def unroll_q(networks: R2D2Networks, params, batch: Batch, burn_in: int) -> jax.
 
 def make_update(
     networks: R2D2Networks, optimizer: optax.GradientTransformation, config: R2D2Config
-) -> Callable[[TargetNetworkState, Batch], tuple[TargetNetworkState, dict]]:
+) -> Callable[[TargetNetworkState, Batch], tuple[TargetNetworkState, dict[str, jax.Array]]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     `batch` holds B sequences, time-major: the recorded steps [burn_in + T + 1, B, ...], the
@@ -72,7 +74,8 @@ def make_update(
         functools.partial(sequence_td_errors, discount=c.discount, n_step=c.n_step,
                           eps=c.value_rescaling_eps), in_axes=1)
 
-    def loss_fn(params, target_params, batch):
+    def loss_fn(params: Params, target_params: Params, batch: Batch
+                ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
         q_online = unroll_q(networks, params, batch, c.burn_in)  # [T + 1, B, A]
         # No gradient reaches the target network: one pass over burn-in and trace will do.
         _, q_target = networks.apply(target_params, recorded_state(batch), batch["obs"],
@@ -89,7 +92,8 @@ def make_update(
         abs_td = jnp.sum(jnp.abs(td) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
         return loss, (priorities, {"q_mean": jnp.mean(q_online), "td_abs": abs_td})
 
-    def update(state: TargetNetworkState, batch: Batch) -> tuple[TargetNetworkState, dict]:
+    def update(state: TargetNetworkState, batch: Batch
+               ) -> tuple[TargetNetworkState, dict[str, jax.Array]]:
         (loss, (priorities, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.target_params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -143,7 +147,7 @@ class Learner(DataParallelLearner):
         the host)."""
         super().compile({k: v for k, v in batch.items() if k != REPLAY_KEY})
 
-    def step(self, batch: Mapping[str, np.ndarray]) -> dict:
+    def step(self, batch: Mapping[str, np.ndarray]) -> Metrics:
         """Learns from sampled sequences and writes their new priorities back.
 
         Args:

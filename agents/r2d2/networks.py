@@ -27,7 +27,8 @@ class RecurrentQNet(nn.Module):
     lstm_size: int
 
     @nn.compact
-    def __call__(self, state, obs, first):
+    def __call__(self, state: Mapping[str, jax.Array], obs: jax.Array, first: jax.Array
+                 ) -> tuple[dict[str, jax.Array], jax.Array]:
         x = self.torso(obs)  # [T, B, D]
         state, y = LSTMCore(self.lstm_size)(state, x, first)  # [T, B, H]
         value = nn.Dense(1)(y)  # [T, B, 1]
@@ -57,14 +58,14 @@ class R2D2Networks:
 
 def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], lstm_size: int) -> R2D2Networks:
     """Raises ValueError for continuous actions (Q-learning needs a finite action set)."""
-    if not spec.discrete:
+    if spec.num_actions is None:
         raise ValueError("R2D2 needs discrete actions; use --agent=ppo or sac for Box actions.")
     net = RecurrentQNet(spec.num_actions, make_torso(spec, hidden_sizes), lstm_size)
 
     def initial_state(num_slots: int) -> dict[str, np.ndarray]:
         return lstm_initial_state(num_slots, lstm_size)
 
-    def init(key: jax.Array) -> dict:
+    def init(key: jax.Array) -> Params:
         obs = jnp.zeros((1, 1) + spec.observation_shape, spec.observation_dtype)
         return net.init(key, initial_state(1), obs, jnp.ones((1, 1), bool))
 

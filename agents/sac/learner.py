@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import flax.struct
 import jax
@@ -21,6 +20,7 @@ import optax
 
 from trellis.agents.common import STATE_HPARAMS, Batch, make_optimizer
 from trellis.agents.common.continuous import actor_params
+from trellis.agents.common.params import Params
 from trellis.agents.sac import losses
 from trellis.agents.sac.config import SACConfig
 from trellis.agents.sac.networks import SACNetworks
@@ -29,9 +29,9 @@ from trellis.builders.contract.agent import Training
 
 @flax.struct.dataclass
 class SACState:
-    policy_params: Any
-    critic_params: Any  # Both critics.
-    target_critic_params: Any
+    policy_params: Params
+    critic_params: Params  # Both critics.
+    target_critic_params: Params
     log_alpha: jax.Array
     policy_opt_state: optax.OptState
     critic_opt_state: optax.OptState
@@ -57,9 +57,12 @@ def target_entropy(config: SACConfig, action_dim: int) -> float:
     return -float(action_dim) if config.target_entropy is None else config.target_entropy
 
 
+Metrics = dict[str, jax.Array]
+
+
 def make_update(
     networks: SACNetworks, optimizer: optax.GradientTransformation, config: SACConfig
-) -> Callable[[SACState, Batch], tuple[SACState, dict]]:
+) -> Callable[[SACState, Batch], tuple[SACState, Metrics]]:
     """Returns the pure `update(state, batch) -> (state, metrics)`.
 
     `batch` holds U sampled minibatches, each leaf [U, S, ...]: `obs`, `action`, `reward`
@@ -69,7 +72,8 @@ def make_update(
     dist = networks.distribution
     entropy_target = target_entropy(config, networks.action_dim)
 
-    def critic_loss_fn(critic_params, state: SACState, alpha, key, minibatch):
+    def critic_loss_fn(critic_params: Params, state: SACState, alpha: jax.Array, key: jax.Array,
+                       minibatch: Batch) -> tuple[jax.Array, jax.Array]:
         mean_t, log_std_t = networks.policy(state.policy_params, minibatch["next_obs"])
         a_t, log_prob_t = dist.sample(key, mean_t, log_std_t)  # [S, D], [S]
         q_t = networks.critic(state.target_critic_params, minibatch["next_obs"], a_t)  # [S, 2]
@@ -79,22 +83,24 @@ def make_update(
         loss = jnp.mean(jax.vmap(losses.critic_loss)(q_tm1, target))
         return loss, jnp.mean(q_tm1)
 
-    def actor_loss_fn(policy_params, critic_params, alpha, key, obs):
+    def actor_loss_fn(policy_params: Params, critic_params: Params, alpha: jax.Array,
+                      key: jax.Array, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         mean, log_std = networks.policy(policy_params, obs)
         action, log_prob = dist.sample(key, mean, log_std)  # [S, D], [S]
         q = networks.critic(critic_params, obs, action)  # [S, 2]
         loss = jnp.mean(jax.vmap(losses.actor_loss, in_axes=(0, 0, None))(q, log_prob, alpha))
         return loss, log_prob
 
-    def temperature_loss_fn(log_alpha, log_prob):
+    def temperature_loss_fn(log_alpha: jax.Array, log_prob: jax.Array) -> jax.Array:
         return jnp.mean(jax.vmap(losses.temperature_loss, in_axes=(None, 0, None))(
             log_alpha, log_prob, entropy_target))
 
-    def apply(grads, opt_state, params):
+    def apply(grads: Params, opt_state: optax.OptState, params: Params
+              ) -> tuple[Params, optax.OptState]:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    def sgd_step(state: SACState, minibatch):
+    def sgd_step(state: SACState, minibatch: Batch) -> tuple[SACState, Metrics]:
         key, critic_key, actor_key = jax.random.split(state.key, 3)
         alpha = jnp.exp(state.log_alpha)
         (critic_loss, q_mean), grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
@@ -119,7 +125,7 @@ def make_update(
                          state.step + 1)
         return state, metrics
 
-    def update(state: SACState, batch: Batch) -> tuple[SACState, dict]:
+    def update(state: SACState, batch: Batch) -> tuple[SACState, Metrics]:
         state, metrics = jax.lax.scan(sgd_step, state, dict(batch))
         return state, jax.tree.map(jnp.mean, metrics)
 

@@ -17,7 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from trellis.agents.common import MLPTorso, diagonal_gaussian_log_prob
-from trellis.agents.common.continuous import Bounds, Critics, continuous_action_dim
+from trellis.agents.common.continuous import (
+    Bounds,
+    Critics,
+    action_bounds,
+    continuous_action_dim,
+)
 from trellis.agents.common.params import Params, pure_apply
 from trellis.envs.specs import EnvSpec
 
@@ -56,7 +61,7 @@ class Policy(nn.Module):
     log_std_max: float
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         out = nn.Dense(2 * self.action_dim)(MLPTorso(tuple(self.hidden_sizes))(obs))
         mean, log_std = jnp.split(out, 2, axis=-1)
         # Starts near log_std 0: a broad policy, so the first data already covers the bounds.
@@ -96,6 +101,6 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], log_std_min: float
         init_critic=lambda key: critic.init(key, obs, action),
         policy=pure_apply(policy),
         critic=pure_apply(critic),
-        distribution=TanhGaussian(spec.action_low, spec.action_high),
+        distribution=TanhGaussian(*action_bounds(spec, "SAC")),
         action_dim=action_dim,
     )

@@ -13,6 +13,7 @@ from trellis.agents.common.continuous import (
     Bounds,
     Critics,
     DeterministicPolicy,
+    action_bounds,
     continuous_action_dim,
 )
 from trellis.agents.common.params import Params, pure_apply
@@ -41,7 +42,7 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_critics: int,
       ValueError: discrete or non-flat actions, infinite bounds, or pixel observations.
     """
     action_dim = continuous_action_dim(spec, agent)
-    bounds = Bounds(spec.action_low, spec.action_high)
+    bounds = Bounds(*action_bounds(spec, agent))
     policy = DeterministicPolicy(tuple(hidden_sizes), action_dim)
     critic = Critics(tuple(hidden_sizes), num_critics=num_critics)
     obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)

@@ -7,7 +7,9 @@ program, and refuses what the agent cannot do in one line. A builder knows nothi
 platforms. The kinds, each run loop typed by the one it needs (Acme's nested builders):
 
 - `Agent`: what every kind gives (capabilities, settings, networks, the pure `Training`);
-  `Acting` adds a policy that acts in envs (what an evaluator plays);
+  `Acting` adds a policy that acts in envs (what an evaluator plays). Both are generic in the
+  spec of the envs the agent is built for (`SpecT`): `Agent[EnvSpec]` on single-agent envs,
+  `Agent[MultiAgentSpec]` on multi-agent ones (`Capabilities.multi_agent`);
 - `Builder`: a gradient learner fed by inference's unrolls or by replay (IMPALA, PPO, DQN);
 - `builders.contract.population.PopulationSearch`: search over parameter vectors, fitness
   from whole episodes (evolution strategies);
@@ -23,10 +25,11 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+from trellis.envs.multi_agent import MultiAgentSpec
 from trellis.envs.specs import EnvSpec
 from trellis.reverb_tables.spec import ArraySpec, TableSpec
 
@@ -40,9 +43,9 @@ if TYPE_CHECKING:
 
 # One ArraySpec for the whole package: the replay layer below owns it, the contract re-exports it.
 __all__ = ["EPISODES", "LEARNS_FROM", "REPLAY", "SELF_PLAY", "STATE_PREFIX", "UNROLLS",
-           "Acting", "Agent", "AgentSettings", "ArraySpec", "Builder", "Capabilities", "Learner",
-           "Policy", "QueueSpec", "State", "Training", "Update", "init_device", "lacking",
-           "recorded_state", "state_specs"]
+           "Acting", "Agent", "AgentSettings", "ArraySpec", "Builder", "Capabilities",
+           "ExtrasSpec", "Learner", "Policy", "QueueSpec", "SpecT", "State", "Training", "Tree",
+           "Update", "init_device", "lacking", "recorded_state", "state_specs"]
 
 # Recorded unrolls carry the policy state at their first step as fields "state/<name>".
 STATE_PREFIX = "state/"
@@ -82,16 +85,35 @@ class QueueSpec:
                 f"overlap={self.overlap} must be in [1, unroll_length={self.unroll_length}]")
 
 
+# What an agent is built for (the type parameter of `Agent`, `Acting` and `Builder`): the spec
+# of a single-agent env (`EnvSpec`) or of a multi-agent one (`MultiAgentSpec`). Which one a
+# builder takes is its `Capabilities.multi_agent`; the experiment layer pairs a builder with
+# an env of that kind at run time (session.check_supported refuses the others).
+SpecT = TypeVar("SpecT", bound=EnvSpec | MultiAgentSpec, contravariant=True)
+
 # A policy's recurrent state: {name: [N, ...]}, one row per env slot; {} when feed-forward.
 State = Mapping[str, "jax.Array"]
 
+# What a policy observes and gives, per step of N envs: arrays [N, ...] in a single-agent env;
+# in a multi-agent env a `MultiAgentStep` in, and {agent: [N, ...]} out, for the action and for
+# each extra (envs/multi_agent.py). A pytree whose structure the env's kind sets; no static type
+# covers both kinds and still lets a single-agent policy take a plain array, so it is `Any`,
+# under this name.
+Tree = Any
+
 # policy(params, key, obs[N, ...], state, first[N]) -> (actions[N, ...], extras, new_state).
-# extras: {name: [N, ...]}. The policy resets the rows of `state` where `first` is set before
-# using them (the learner's unroll does the same), so actor and learner see the same state.
+# extras: {name: [N, ...]} (`Tree`s, as obs and actions). The policy resets the rows of `state`
+# where `first` is set before using them (the learner's unroll does the same), so actor and
+# learner see the same state.
 Policy = Callable[
-    [Any, "jax.Array", "jax.Array", State, "jax.Array"],
-    tuple["jax.Array", Mapping[str, "jax.Array"], State],
+    [Any, "jax.Array", Tree, State, "jax.Array"],
+    tuple[Tree, Mapping[str, Tree], State],
 ]
+
+# What a policy records per step beside the action (`Builder.extras_spec`): {name: ArraySpec}.
+# In a multi-agent env every agent records each extra: its spec is the same for every agent
+# (an ArraySpec) or given per agent ({agent: ArraySpec}, e.g. logits of different sizes).
+ExtrasSpec = Mapping[str, ArraySpec | Mapping[str, ArraySpec]]
 
 
 def init_device(devices: Iterable[jax.Device]) -> jax.Device:
@@ -234,8 +256,9 @@ class AgentSettings(Protocol):
         ...
 
 
-class Agent(Protocol):
-    """What every kind of agent provides."""
+class Agent(Protocol[SpecT]):
+    """What every kind of agent provides, on envs of spec type `SpecT` (`EnvSpec` or
+    `MultiAgentSpec`)."""
 
     @property
     def capabilities(self) -> Capabilities: ...
@@ -243,20 +266,20 @@ class Agent(Protocol):
     @property
     def config(self) -> AgentSettings: ...
 
-    def make_networks(self, spec: EnvSpec) -> Any: ...
+    def make_networks(self, spec: SpecT) -> Any: ...
 
-    def make_training(self, networks: Any, spec: EnvSpec) -> Training:
+    def make_training(self, networks: Any, spec: SpecT) -> Training:
         """The pure init and update, and the state's hyper-parameters (`Training.hparams`)."""
         ...
 
 
-class Acting(Agent, Protocol):
+class Acting(Agent[SpecT], Protocol[SpecT]):
     """An agent whose policy acts in envs (what evaluators play): every kind but self-play,
     whose players are searches (builders/contract/self_play.py)."""
 
     def make_policy(self, networks: Any, evaluation: bool = False) -> Policy: ...
 
-    def initial_state(self, spec: EnvSpec, num_slots: int) -> dict[str, np.ndarray]:
+    def initial_state(self, spec: SpecT, num_slots: int) -> dict[str, np.ndarray]:
         """Every env slot's initial policy state {name: [num_slots, ...]}; {} if feed-forward.
 
         Slot = worker_id * K + env index; values may differ per slot.
@@ -271,7 +294,7 @@ def lacking(agent: object, kind: type) -> list[str]:
                   if not name.startswith("_") and not hasattr(agent, name))
 
 
-class Builder(Acting, Protocol):
+class Builder(Acting[SpecT], Protocol[SpecT]):
     """A gradient learner fed by inference's unrolls or by replay (`UNROLLS`, `REPLAY`; see
     agents/impala/builder.py): the program graph and the anakin program use all of it."""
 
@@ -280,7 +303,7 @@ class Builder(Acting, Protocol):
 
     def queue_spec(self) -> QueueSpec: ...
 
-    def extras_spec(self, spec: EnvSpec) -> dict[str, ArraySpec]: ...
+    def extras_spec(self, spec: SpecT) -> ExtrasSpec: ...
 
     def replay_table(self, signature: Mapping[str, ArraySpec]) -> TableSpec | None:
         """The agent's own replay table of unrolls, or None (the learner takes unrolls in order).
@@ -292,7 +315,7 @@ class Builder(Acting, Protocol):
         """
         ...
 
-    def make_learner(self, networks: Any, spec: EnvSpec, key: jax.Array, *,
+    def make_learner(self, networks: Any, spec: SpecT, key: jax.Array, *,
                      devices: Sequence[jax.Device] | None = None,
                      replay: Any = None) -> Learner:
         """The learner's host shell around `make_training`'s pieces, seeded from `key`.

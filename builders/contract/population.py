@@ -95,7 +95,7 @@ class SearchSettings(AgentSettings, Protocol):
         ...
 
 
-class PopulationSearch(Acting, Protocol):
+class PopulationSearch(Acting[EnvSpec], Protocol):
     """What a population-search agent provides (agents/es/builder.py). Its `make_training`
     is the search's init and tell, with the state's hyper-parameters (`Training.hparams`)
     where the strategy has a learning rate to schedule."""

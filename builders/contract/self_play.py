@@ -67,7 +67,7 @@ class SelfPlaySettings(AgentSettings, Protocol):
         ...
 
 
-class SelfPlayAgent(Agent, Protocol):
+class SelfPlayAgent(Agent[EnvSpec], Protocol):
     """What a self-play agent provides (agents/alphazero/builder.py). Its `make_training` is
     the learning inside `make_self_play`; its `Training.hparams` works on the self-play state
     (which holds the training state) for the learning-rate schedule."""
