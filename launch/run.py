@@ -71,9 +71,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
                 builder, env_factory, run.experiment, run_dir, platform=run.platform(),
                 quiet=options.quiet,
                 resume=options.resume is not None, options=run.saved_options(),
-                argv=list(argv),
-                # Constant: no schedules yet.
-                extra_metrics={"learning_rate": run.agent.learning_rate})
+                argv=list(argv))
     except CheckpointError as e:
         print(f"run.py: error: --resume: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,13 @@ import threading
 
 import pytest
 
-from trellis.builders.experiments.counter import Counter, StepRate
+from trellis.builders.experiments.counter import (
+    Counter,
+    CounterSnapshot,
+    ReturnWindow,
+    StepRate,
+    combined_stats,
+)
 
 
 class FakeClock:
@@ -102,6 +108,44 @@ def test_restore_requires_the_step_counts():
 def test_return_window_must_be_positive():
     with pytest.raises(ValueError, match="return_window must be >= 1, got 0"):
         Counter(return_window=0)
+
+
+def test_return_window_counts_every_episode_keeps_the_last_and_continues_from_progress():
+    window = ReturnWindow(2)
+    window.add([1.0, 2.0, 3.0], [10, 20, 30])
+    window.add([-1.0])  # A game's outcome: no length.
+    assert (window.episodes, window.returns, window.lengths) == (4, (3.0, -1.0), (20, 30))
+    snapshot = CounterSnapshot(5, 1, window.episodes, window.returns, window.lengths, 0.0, 0)
+    resumed = ReturnWindow(1, json.loads(json.dumps(snapshot.progress())))
+    assert (resumed.episodes, resumed.returns, resumed.lengths) == (4, (-1.0,), (30,))
+
+
+def _snapshot(returns, episodes=None, env_steps=64, lengths=()):
+    return CounterSnapshot(env_steps, 2, len(returns) if episodes is None else episodes,
+                           tuple(returns), tuple(lengths), 1.5, 0)
+
+
+def test_window_mean_is_over_the_last_window_once_it_is_full():
+    snapshot = _snapshot([10.0, 1.0, 2.0, 3.0])
+    assert snapshot.window_mean(3) == pytest.approx(2.0)
+    assert snapshot.window_mean(4) == pytest.approx(4.0)
+    assert snapshot.window_mean(5) is None
+
+
+def test_combined_stats_of_one_member_are_its_own():
+    snapshot = _snapshot([1.0, 5.0], episodes=7, lengths=(3, 9))
+    assert combined_stats([snapshot]) == snapshot.stats()
+
+
+def test_combined_stats_of_members_mean_their_means_and_sum_their_episodes():
+    stats = combined_stats([_snapshot([0.0, 2.0], episodes=5, lengths=(1, 3)),
+                            _snapshot([10.0], episodes=1, lengths=(8,)), _snapshot([])])
+    # Members' means 1 and 10 (the third has none yet); min and max over all windows.
+    assert stats["mean_return"] == pytest.approx(5.5)
+    assert (stats["min_return"], stats["max_return"]) == (0.0, 10.0)
+    assert stats["episodes"] == 6 and stats["returns_in_window"] == 0
+    assert stats["mean_episode_length"] == pytest.approx(4.0)
+    assert (stats["env_steps"], stats["learner_steps"], stats["elapsed_s"]) == (64, 2, 1.5)
 
 
 def test_concurrent_updates_lose_no_counts():

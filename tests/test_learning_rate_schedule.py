@@ -16,8 +16,10 @@ import pytest
 from trellis.agents.common import learning_rate_factor, make_optimizer, set_learning_rate_factor
 from trellis.agents.impala import Config as ImpalaConfig
 from trellis.agents.ppo import Builder, Config
+from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.anakin_run import PopulationSettings, make_population
 from trellis.builders.experiments.checkpointing import Checkpointer, CheckpointError
+from trellis.builders.experiments.session import run_experiment
 from trellis.envs import make_env_factory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,9 +138,12 @@ def test_a_checkpoint_from_before_the_schedule_is_read_with_the_targets_factor(t
         Checkpointer(str(tmp_path)).restore({**target, "params": {"v": jnp.zeros(3)}})
 
 
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def _factors(run_dir):
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["env_steps"], r["learner/learning_rate_factor"]) for r in records
+    return [(r["env_steps"], r["learner/learning_rate_factor"]) for r in _records(run_dir)
             if "learner/learning_rate_factor" in r]
 
 
@@ -164,3 +169,27 @@ def test_a_runs_records_show_the_factor_falling_with_its_env_steps(flags, tmp_pa
         assert 1 - steps / budget - 1e-6 <= factor <= 1, (steps, factor)
     assert all(a[1] >= b[1] for a, b in zip(factors, factors[1:], strict=False)), factors
     assert factors[-1][1] < 0.5, factors
+    # The learning rate logged is the one in effect: the configured one times the factor.
+    configured = json.loads((tmp_path / "config.json").read_text())["agent_config"][
+        "learning_rate"]
+    scheduled = [r for r in _records(tmp_path) if "learner/learning_rate_factor" in r]
+    assert [r["learning_rate"] for r in scheduled] == pytest.approx(
+        [configured * r["learner/learning_rate_factor"] for r in scheduled])
+
+
+def test_a_populations_records_show_each_members_learning_rate_in_effect(tmp_path):
+    """Members with learning rates of their own, under the linear schedule: each record gives
+    each member's rate times the factor."""
+    config = Config(**PPO_CONFIG, learning_rate_schedule="linear")
+    experiment = ExperimentConfig(total_env_steps=4096, stop_at_return=None, log_every_s=0.01)
+    run_experiment(Builder(config), make_env_factory("gymnax:CartPole-v1"), experiment,
+                   str(tmp_path / "linear"), quiet=True,
+                   platform=PopulationSettings(num_seeds=2, updates_per_call=8,
+                                               hparams={"learning_rate": [1e-3, 4e-3]}))
+    records = _records(tmp_path / "linear")
+    assert len(records) >= 3 and all("learning_rate" not in r for r in records)
+    for r in records:
+        factor = r["learner/learning_rate_factor"]
+        assert r["member/0/learning_rate"] == pytest.approx(1e-3 * factor)
+        assert r["member/1/learning_rate"] == pytest.approx(4e-3 * factor)
+    assert records[-1]["learner/learning_rate_factor"] < 0.5

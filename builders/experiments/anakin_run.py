@@ -1,12 +1,13 @@
-"""The anakin platform: `AnakinRun` drives `anakin.Population` for the session.
+"""The anakin platform: `population_run` drives `anakin.Population` for the session.
 
 The session (builders/experiments/session.py) logs, shows progress, handles signals and times
-checkpoints as on the other platforms; `AnakinRun` makes the compiled calls (`updates_per_call`
-updates of every member each) and asks the stop rule with every member's counters: the
-env-step budget (per member: the members step in lockstep), or the mean return over the last
-`return_window` episodes at `stop_at_return` for every member (independent seeds: the
-population stops once each has solved) or, with PBT, for any member (exploits restart the
-windows of the members they replace).
+checkpoints as on the other platforms; the in-process skeleton (`in_process.InProcessRun`)
+makes the compiled calls of a `PopulationProgram` (`updates_per_call` updates of every member
+each) and asks the stop rule with every member's counters: the env-step budget (per member:
+the members step in lockstep), or the mean return over the last `return_window` episodes at
+`stop_at_return` for every member (independent seeds: the population stops once each has
+solved) or, with PBT, for any member (exploits restart the windows of the members they
+replace).
 
 summary.json's `wall_time_s` counts from the process's start (interpreter, imports and
 compilation included) to the moment the stop rule fired, plus the time of earlier sessions of
@@ -16,9 +17,7 @@ a resumed run; `members` lists each member's result.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ import jax
 import numpy as np
 
 from trellis.builders.contract.agent import REPLAY, Builder
+from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.contract.hparams import LINEAR
 from trellis.builders.experiments.anakin import (
     Anakin,
@@ -34,11 +34,23 @@ from trellis.builders.experiments.anakin import (
     population_mesh,
     shards_members,
 )
-from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
-from trellis.builders.experiments.execution import Ending, Report
-from trellis.builders.experiments.platforms import PopulationSettings
-from trellis.builders.experiments.schedule import NO_HPARAMS, asked_hparams, require_hparams
-from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.builders.experiments.counter import CounterSnapshot
+from trellis.builders.experiments.in_process import Called, InProcessRun
+from trellis.builders.experiments.platforms import ANAKIN, PopulationSettings
+from trellis.builders.experiments.restore import (
+    PolicyMember,
+    Wanted,
+    policy_member,
+    restore_learner,
+    restore_state,
+)
+from trellis.builders.experiments.schedule import (
+    LEARNING_RATE,
+    NO_HPARAMS,
+    asked_hparams,
+    require_hparams,
+)
+from trellis.builders.experiments.stop import StopRule
 from trellis.builders.experiments.xla_flags import xla_flags_unless_set
 from trellis.envs import EnvFactory
 from trellis.envs.contract import Players, is_jax
@@ -66,19 +78,7 @@ def use_cpu_cores() -> contextlib.AbstractContextManager[None]:
         "xla_cpu_multi_thread_eigen": "false"})
 
 
-def seconds_since_process_start() -> float | None:
-    """How long this process has run (Linux's /proc), or None where that cannot be read."""
-    try:
-        with open("/proc/self/stat") as f:
-            # Field 22 (after the parenthesised name, which may hold spaces): start time in
-            # clock ticks since boot.
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
-def make_anakin(builder: Builder, env_factory: EnvFactory, seed: int, return_window: int,
+def make_anakin(builder: Builder[Any], env_factory: EnvFactory, seed: int, return_window: int,
                 hparam_names: Sequence[str] = (), num_members: int = 1,
                 total_env_steps: int | None = None) -> tuple[Anakin, Any]:
     """The agent's anakin functions for `num_members` members and the device mesh they run on;
@@ -130,7 +130,7 @@ def _member_keys(seed: int, num_seeds: int) -> jax.Array:
     return jax.random.split(jax.random.fold_in(jax.random.key(seed), 1), num_seeds)
 
 
-def make_population(builder: Builder, env_factory: EnvFactory, seed: int, return_window: int,
+def make_population(builder: Builder[Any], env_factory: EnvFactory, seed: int, return_window: int,
                     settings: PopulationSettings,
                     total_env_steps: int | None = None) -> Population:
     """The agent's anakin program for `settings.num_seeds` members, compiled here
@@ -146,8 +146,8 @@ def make_population(builder: Builder, env_factory: EnvFactory, seed: int, return
                       settings.updates_per_call, settings.pbt)
 
 
-def restore_member(builder: Builder, env_factory: EnvFactory, config: Any, num_seeds: int,
-                   run_dir: str, step: int | None, member: int
+def restore_member(builder: Builder[Any], env_factory: EnvFactory, config: ExperimentConfig,
+                   num_seeds: int, run_dir: str, step: int | None, member: int
                    ) -> tuple[Anakin, Any, int, dict[str, Any]]:
     """One member's params from an anakin run's checkpoint (for evaluate.py).
 
@@ -162,47 +162,33 @@ def restore_member(builder: Builder, env_factory: EnvFactory, config: Any, num_s
         raise AnakinError(f"--member must be in [0, {num_seeds}) for this run, got {member}")
     anakin, _ = make_anakin(builder, env_factory, config.seed, config.return_window)
     target = jax.jit(jax.vmap(anakin.init_member))(_member_keys(config.seed, num_seeds), {})
-    checkpointer = Checkpointer(checkpoint_dir(run_dir))
-    try:
-        step = checkpointer.latest_step() if step is None else step
-        state, progress = checkpointer.restore(target, step)
-    finally:
-        checkpointer.close()
+    state, step, progress = restore_state(run_dir, target, step)
     params = anakin.acting_params(jax.tree.map(lambda x: x[member], state.train))
     return anakin, params, step, progress
 
 
-def population_stats(snapshots: Sequence[Any], hparams: Sequence[Mapping[str, float]]
-                     ) -> tuple[dict[str, Any], dict[str, float]]:
-    """(stats, per-member fields) of the members' counters.
+def restore_gradient_member(builder: Builder[Any], env_factory: EnvFactory,
+                            config: ExperimentConfig, wanted: Wanted) -> PolicyMember:
+    """A gradient agent's member (`session.EXECUTIONS`' restore): one member of an anakin
+    run's population, playing in the run's JAX env, or the learner's params of a run on the
+    host platforms, playing in the factory's envs.
 
-    stats are as the learner node reports them, aggregated over members: the mean of their
-    mean returns, the min and max over all their windows, episodes summed. The per-member
-    fields are `member/<i>/return_mean` and each member's hyper-parameters, for metrics.
+    Raises:
+      builders.experiments.restore.RestoreError: the run has no checkpoints.
+      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+      AnakinError: see `restore_member`.
     """
-    per_member = [s.stats() for s in snapshots]
-    means = [s["mean_return"] for s in per_member if s["mean_return"] is not None]
-    returns = [r for s in snapshots for r in s.returns]
-    lengths = [n for s in snapshots for n in s.lengths]
-    stats = {
-        "env_steps": snapshots[0].env_steps,
-        "learner_steps": snapshots[0].learner_steps,
-        "episodes": sum(s.episodes for s in snapshots),
-        "mean_return": float(np.mean(means)) if means else None,
-        "min_return": float(np.min(returns)) if returns else None,
-        "max_return": float(np.max(returns)) if returns else None,
-        "returns_in_window": min(s["returns_in_window"] for s in per_member),
-        "mean_episode_length": float(np.mean(lengths)) if lengths else None,
-        "elapsed_s": snapshots[0].elapsed_s,
-        "resumes": snapshots[0].resumes,
-    }
-    fields: dict[str, float] = {}
-    if len(snapshots) > 1:
-        for i, (s, h) in enumerate(zip(per_member, hparams, strict=True)):
-            if s["mean_return"] is not None:
-                fields[f"member/{i}/return_mean"] = s["mean_return"]
-            fields.update({f"member/{i}/{name}": value for name, value in h.items()})
-    return stats, fields
+    spec = env_factory.spec()
+    networks = builder.make_networks(spec)
+    if wanted.platform != ANAKIN:
+        return restore_learner(builder, env_factory, networks,
+                               builder.make_learner(networks, spec, jax.random.PRNGKey(0)),
+                               wanted)
+    anakin, params, step, progress = restore_member(builder, env_factory, config,
+                                                    wanted.num_seeds, wanted.run_dir,
+                                                    wanted.step, wanted.member)
+    return policy_member(builder, env_factory, networks, params, step, progress, anakin.env,
+                         {"member": wanted.member})
 
 
 def _member_hparams(population: Population) -> list[dict[str, float]]:
@@ -211,14 +197,112 @@ def _member_hparams(population: Population) -> list[dict[str, float]]:
             for m in range(population.num_members)]
 
 
-class AnakinRun:
-    """The session's `Execution` of a population on the anakin platform.
+class PopulationProgram:
+    """A population on the anakin platform, as `in_process.InProcessRun` drives it.
 
-    Each `advance` makes one compiled call (`updates_per_call` updates of every member) and
-    reports the members' counters, aggregated (`population_stats`) with per-member fields;
-    the stop rule is asked with every member's counters (`StopRule.decide`). Checkpoints
-    (orbax) are opened at first use: orbax takes a second or two to import, and a short run
-    reaches its target without waiting for it.
+    Each call is `updates_per_call` updates of every member; a report's fields are, for a
+    population, each member's mean return and hyper-parameters, and its learning rate in
+    effect (its own times the schedule's factor, which the program sets per member).
+
+    Args:
+      population: the members, compiled (`make_population`).
+      settings: members, their hyper-parameters, updates per compiled call, PBT.
+      config: the experiment's settings (the return target a member solves at).
+      learning_rate: the agent's configured learning rate (a member's, where its training
+        state holds no rate of its own), or None for an agent without one.
+      quiet: no lines for PBT's exploits.
+    """
+
+    def __init__(self, population: Population, settings: PopulationSettings,
+                 config: ExperimentConfig, learning_rate: float | None, quiet: bool = False):
+        self._population, self._settings, self._quiet = population, settings, quiet
+        self._config = config
+        self._learning_rate = learning_rate
+        self._steps_per_update = population.anakin.unroll_length * population.anakin.num_envs
+        self._hparams = _member_hparams(population)
+        self._factors = [1.0] * population.num_members  # The schedule's, of the last call.
+        self._exploits = 0
+
+    @property
+    def state(self) -> Any:
+        return self._population.state
+
+    @property
+    def num_members(self) -> int:
+        return self._population.num_members
+
+    def restore(self, state: Any, progress: Mapping[str, Any]) -> None:
+        del progress  # The counters are the state's own (on the device).
+        self._population.restore(state)
+        self._hparams = _member_hparams(self._population)
+
+    def call(self) -> Called:
+        metrics, exploits = self._population.step()
+        if exploits:
+            self._exploits += len(exploits)
+            self._hparams = _member_hparams(self._population)
+            for event in exploits if not self._quiet else ():
+                print(describe_exploit(event), flush=True)
+        host = jax.device_get(metrics)
+        if "learning_rate_factor" in host:
+            self._factors = [float(f) for f in np.asarray(host["learning_rate_factor"])]
+        averaged = {name: float(np.mean(v)) for name, v in host.items()}
+        rates = self._learning_rates()
+        if rates and len(set(rates)) == 1:  # Else each member's: `fields`.
+            averaged[LEARNING_RATE] = rates[0]
+        # Every round's exploits are in the record after it.
+        return Called(averaged, {"pbt_exploits": exploits} if exploits else {},
+                      record_now=bool(exploits))
+
+    def _learning_rates(self) -> list[float]:
+        """Each member's learning rate in effect; none for an agent without one."""
+        bases = [h.get(LEARNING_RATE, self._learning_rate) for h in self._hparams]
+        return [base * factor for base, factor in zip(bases, self._factors, strict=True)
+                if base is not None]
+
+    def snapshots(self, elapsed_s: float, resumes: int) -> list[CounterSnapshot]:
+        """Every member's counters (waits for the compiled call: they are on the device)."""
+        population = self._population
+        learner_steps = int(np.asarray(jax.device_get(population.state.updates))[0])
+        return population.snapshots(learner_steps * self._steps_per_update, elapsed_s, resumes)
+
+    def fields(self, snapshots: Sequence[CounterSnapshot]) -> dict[str, Any]:
+        """A population's `member/<i>/return_mean`, each member's hyper-parameters, and, where
+        the members' differ, its learning rate in effect (else `call` reports the one rate);
+        one member's: none."""
+        if len(snapshots) == 1:
+            return {}
+        fields: dict[str, Any] = {}
+        rates = self._learning_rates()
+        for i, (s, h) in enumerate(zip(snapshots, self._hparams, strict=True)):
+            mean = s.stats()["mean_return"]
+            if mean is not None:
+                fields[f"member/{i}/return_mean"] = mean
+            fields.update({f"member/{i}/{name}": value for name, value in h.items()
+                           if name != LEARNING_RATE})  # Configured: in effect, below.
+            if len(set(rates)) > 1:
+                fields[f"member/{i}/{LEARNING_RATE}"] = rates[i]
+        return fields
+
+    def summary(self, snapshots: Sequence[CounterSnapshot]) -> dict[str, Any]:
+        solved = [_solved(s, self._config) for s in snapshots]
+        return {
+            "num_seeds": self.num_members,
+            "solved_fraction": (None if self._config.stop_at_return is None
+                                else sum(bool(x) for x in solved) / len(solved)),
+            # This session's exploits (None without --pbt); metrics.jsonl lists them.
+            "pbt_exploits": self._exploits if self._settings.pbt else None,
+            "members": [{"mean_return": s.stats()["mean_return"], "episodes": s.episodes,
+                         "solved": x, "hparams": dict(h)}
+                        for s, x, h in zip(snapshots, solved, self._hparams, strict=True)],
+        }
+
+
+def population_run(builder: Builder[Any], env_factory: EnvFactory, config: ExperimentConfig,
+                   run_dir: str, settings: PopulationSettings, stop_rule: StopRule,
+                   resume: tuple[int, Mapping[str, Any]] | None,
+                   quiet: bool = False) -> InProcessRun:
+    """The session's `Execution` of a population on the anakin platform.
 
     Args:
       builder, env_factory, config, run_dir: as for `session.run_experiment`.
@@ -230,95 +314,16 @@ class AnakinRun:
     Raises:
       AnakinError: see `make_anakin`.
     """
-
-    def __init__(self, builder: Builder, env_factory: EnvFactory, config: Any, run_dir: str,
-                 settings: PopulationSettings, stop_rule: StopRule,
-                 resume: tuple[int, Mapping[str, Any]] | None, quiet: bool = False):
-        # The session's clock starts with the process: imports and compilation count.
-        self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
-        self._elapsed_before = float(resume[1].get("elapsed_s", 0.0)) if resume else 0.0
-        self._resumes = int(resume[1].get("resumes", 0)) + 1 if resume else 0
-        self._config, self._settings, self._rule, self._quiet = config, settings, stop_rule, quiet
-        self._population = population = make_population(
-            builder, env_factory, config.seed, config.return_window, settings,
-            config.total_env_steps)
-        self._checkpoints = functools.cache(
-            lambda: Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints))
-        if resume:
-            state, _ = self._checkpoints().restore(population.state, resume[0])
-            population.restore(state)
-        self._steps_per_update = population.anakin.unroll_length * population.anakin.num_envs
-        self._hparams = _member_hparams(population)
-        self._metrics: Mapping[str, Any] = {}
-        self._exploits = 0
-        self._steady: tuple[float, int] | None = None  # (time, env steps) after compiling.
-        self._last: tuple[Report, list[Any], float] | None = None  # And when it came.
-
-    def _snapshots(self) -> list[Any]:
-        """Every member's counters (waits for the compiled call: they are on the device)."""
-        population = self._population
-        elapsed = self._elapsed_before + time.monotonic() - self._started
-        learner_steps = int(np.asarray(jax.device_get(population.state.updates))[0])
-        return population.snapshots(learner_steps * self._steps_per_update, elapsed,
-                                    self._resumes)
-
-    def _report(self, snapshots: list[Any], stopped_by: str | None,
-                exploits: Sequence[Mapping[str, Any]] = ()) -> Report:
-        stats, fields = population_stats(snapshots, self._hparams)
-        if exploits:  # Every round's exploits are in the record after it.
-            fields["pbt_exploits"] = list(exploits)
-        steady_time, steady_steps = self._steady or (time.monotonic(), snapshots[0].env_steps)
-        stats.update(_metrics(self._metrics), env_steps_per_s=_rate(
-            snapshots[0].env_steps - steady_steps, time.monotonic() - steady_time,
-            self._population.num_members))
-        report = Report(stats, fields, stopped_by, record_now=bool(exploits))
-        self._last = (report, snapshots, time.monotonic())
-        return report
-
-    def advance(self, timeout_s: float) -> Report:
-        del timeout_s  # One compiled call: its length is the program's.
-        self._metrics, exploits = self._population.step()
-        snapshots = self._snapshots()
-        if exploits:
-            self._exploits += len(exploits)
-            self._hparams = _member_hparams(self._population)
-            for event in exploits if not self._quiet else ():
-                print(describe_exploit(event), flush=True)
-        if self._steady is None:  # After the first call, which compiled the program.
-            self._steady = (time.monotonic(), snapshots[0].env_steps)
-        return self._report(snapshots, self._rule.decide(snapshots), exploits)
-
-    def checkpoint(self) -> None:
-        _save(self._checkpoints(), self._population, self._snapshots()[0])
-
-    def stop(self) -> Report:
-        return self._report(self._snapshots(), SIGNAL)
-
-    def finish(self) -> Ending:
-        assert self._last is not None
-        report, snapshots, stopped = self._last
-        _save(self._checkpoints(), self._population, snapshots[0])
-        self._checkpoints().close()
-        config, members = self._config, self._population.num_members
-        steady_time, steady_steps = self._steady or (stopped, snapshots[0].env_steps)
-        fields = {
-            # After the first call (compiled) until the stop, the final checkpoint not
-            # included: learning's steady rate, all members.
-            "steady_env_steps_per_s": _rate(snapshots[0].env_steps - steady_steps,
-                                            stopped - steady_time, members),
-            "num_seeds": members,
-            "solved_fraction": _solved_fraction(snapshots, config),
-            # This session's exploits (None without --pbt); metrics.jsonl lists them.
-            "pbt_exploits": self._exploits if self._settings.pbt else None,
-            "members": [_member_summary(s, h, config)
-                        for s, h in zip(snapshots, self._hparams, strict=True)],
-        }
-        return Ending(130 if report.stopped_by == SIGNAL else 0, self._started, fields)
+    population = make_population(builder, env_factory, config.seed, config.return_window,
+                                 settings, config.total_env_steps)
+    program = PopulationProgram(population, settings, config, builder.config.learning_rate,
+                                quiet)
+    return InProcessRun(program, config, run_dir, stop_rule, resume)
 
 
 def describe_exploit(event: Mapping[str, Any]) -> str:
-    """One line for an exploit (`builders.experiments.anakin.exploits`): who copied whom, and the
-    hyper-parameters before and after."""
+    """One line for an exploit (`builders.experiments.device_pbt.exploits`): who copied whom,
+    and the hyper-parameters before and after."""
     changes = ", ".join(f"{name} {event['before'][name]:.3g} -> {after:.3g} (donor's "
                         f"{event['donor_hparams'][name]:.3g})"
                         for name, after in event["after"].items()
@@ -332,35 +337,8 @@ def _shown(value: float | None) -> str:
     return "none" if value is None else f"{value:.1f}"
 
 
-def _rate(steps: int, seconds: float, members: int) -> float:
-    return round(steps * members / seconds, 1) if seconds > 0 else 0.0
-
-
-def _metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The learner's metrics of the last call, averaged over members."""
-    return {name: float(np.mean(jax.device_get(v))) for name, v in metrics.items()}
-
-
-def _solved(snapshot: Any, config: Any) -> bool | None:
+def _solved(snapshot: CounterSnapshot, config: ExperimentConfig) -> bool | None:
     if config.stop_at_return is None:
         return None
-    window = snapshot.returns[-config.return_window:]
-    return (len(window) == config.return_window
-            and float(np.mean(window)) >= config.stop_at_return)
-
-
-def _solved_fraction(snapshots: Sequence[Any], config: Any) -> float | None:
-    if config.stop_at_return is None:
-        return None
-    return sum(bool(_solved(s, config)) for s in snapshots) / len(snapshots)
-
-
-def _member_summary(snapshot: Any, hparams: Mapping[str, float], config: Any) -> dict[str, Any]:
-    stats = snapshot.stats()
-    return {"mean_return": stats["mean_return"], "episodes": stats["episodes"],
-            "solved": _solved(snapshot, config), "hparams": dict(hparams)}
-
-
-def _save(checkpoints: Checkpointer, population: Population, snapshot: Any) -> None:
-    checkpoints.save(snapshot.env_steps, population.state, snapshot.progress())
-
+    mean = snapshot.window_mean(config.return_window)
+    return mean is not None and mean >= config.stop_at_return

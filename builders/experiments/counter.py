@@ -10,6 +10,11 @@ Its checkpointable form, `CounterSnapshot.progress()`, is the `progress` dict th
 `checkpointing` saves beside the learner state; `Counter.restore` continues from it, so a
 resumed run goes on counting (and timing) where the checkpoint left off.
 
+Episodes are counted one way: a `ReturnWindow` (how many finished, and the returns and lengths
+of the latest `return_window`) inside the `Counter` of the host platforms and in the
+in-process runs of ES and self-play; the anakin program keeps the same window on the device
+and gives it as `CounterSnapshot`s. A population's members are combined by `combined_stats`.
+
 No JAX here (numpy only): the counter and the stop rule are tested without an accelerator.
 """
 
@@ -19,7 +24,7 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,6 +76,13 @@ class CounterSnapshot:
             "resumes": self.resumes,
         }
 
+    def window_mean(self, window: int) -> float | None:
+        """The mean return of the last `window` episodes, or None while fewer have finished
+        (what the stop rule's target is checked on)."""
+        if len(self.returns) < window:
+            return None
+        return float(np.mean(self.returns[-window:]))
+
     def progress(self) -> dict[str, Any]:
         """The checkpointable form: plain JSON types, the keys `Counter.restore` reads.
 
@@ -89,6 +101,72 @@ class CounterSnapshot:
         }
 
 
+def combined_stats(members: Sequence[CounterSnapshot]) -> dict[str, Any]:
+    """`CounterSnapshot.stats` of a population's members (one member: its own stats).
+
+    Counts are the first member's (members step in lockstep) but episodes, summed; the mean
+    return is the mean of the members' window means, min and max are over all windows,
+    `returns_in_window` is the least filled window.
+    """
+    per_member = [m.stats() for m in members]
+    means = [s["mean_return"] for s in per_member if s["mean_return"] is not None]
+    returns = [r for m in members for r in m.returns]
+    lengths = [n for m in members for n in m.lengths]
+    return {
+        **per_member[0],
+        "episodes": sum(m.episodes for m in members),
+        "mean_return": float(np.mean(means)) if means else None,
+        "min_return": float(np.min(returns)) if returns else None,
+        "max_return": float(np.max(returns)) if returns else None,
+        "returns_in_window": min(s["returns_in_window"] for s in per_member),
+        "mean_episode_length": float(np.mean(lengths)) if lengths else None,
+    }
+
+
+class ReturnWindow:
+    """Finished episodes: how many, and the returns and lengths of the latest `size`.
+
+    Not locked: `Counter` holds it under its lock; an in-process run uses it on one thread.
+
+    Args:
+      size: how many of the latest episodes the window keeps (>= 1).
+      progress: a checkpoint's progress (`CounterSnapshot.progress`) to continue from: its
+        episodes, returns and lengths (the newest `size` of them).
+
+    Raises:
+      ValueError: `size` < 1.
+    """
+
+    def __init__(self, size: int, progress: Mapping[str, Any] | None = None):
+        if size < 1:
+            raise ValueError(f"return_window must be >= 1, got {size}")
+        progress = progress or {}
+        self.size = size
+        self.episodes = int(progress.get("episodes", 0))
+        self._returns: collections.deque[float] = collections.deque(
+            (float(r) for r in progress.get("returns", [])), maxlen=size)
+        self._lengths: collections.deque[int] = collections.deque(
+            (int(n) for n in progress.get("lengths", [])), maxlen=size)
+
+    def add(self, returns: Iterable[float], lengths: Iterable[int] = ()) -> None:
+        """Counts finished episodes: their returns, and their lengths where known (a game's
+        outcome has none)."""
+        for episode_return in returns:
+            self._returns.append(float(episode_return))
+            self.episodes += 1
+        self._lengths.extend(int(n) for n in lengths)
+
+    @property
+    def returns(self) -> tuple[float, ...]:
+        """The window's returns, oldest first."""
+        return tuple(self._returns)
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The window's lengths, oldest first."""
+        return tuple(self._lengths)
+
+
 class Counter:
     """Thread-safe counts of one run, continued across resumed sessions.
 
@@ -98,15 +176,11 @@ class Counter:
     """
 
     def __init__(self, return_window: int, clock: Clock = time.monotonic):
-        if return_window < 1:
-            raise ValueError(f"Counter: return_window must be >= 1, got {return_window}")
         self._lock = threading.Lock()
         self._clock = clock
         self._env_steps = 0
         self._learner_steps = 0
-        self._episodes = 0
-        self._returns: collections.deque[float] = collections.deque(maxlen=return_window)
-        self._lengths: collections.deque[int] = collections.deque(maxlen=return_window)
+        self._episodes = ReturnWindow(return_window)
         self._elapsed_before = 0.0
         self._session_start = clock()
         self._resumes = 0
@@ -132,9 +206,7 @@ class Counter:
         counter = cls(return_window, clock)
         counter._env_steps = int(progress["env_steps"])
         counter._learner_steps = int(progress["learner_steps"])
-        counter._episodes = int(progress.get("episodes", 0))
-        counter._returns.extend(float(r) for r in progress.get("returns", []))
-        counter._lengths.extend(int(n) for n in progress.get("lengths", []))
+        counter._episodes = ReturnWindow(return_window, progress)
         counter._elapsed_before = float(progress.get("elapsed_s", 0.0))
         counter._resumes = int(progress.get("resumes", 0)) + 1
         return counter
@@ -154,9 +226,7 @@ class Counter:
         with self._lock:
             self._env_steps += steps
             for episode_return, length in episodes:
-                self._returns.append(float(episode_return))
-                self._lengths.append(int(length))
-                self._episodes += 1
+                self._episodes.add((episode_return,), (length,))
 
     def add_learner_step(self) -> None:
         """Counts one learner update."""
@@ -174,9 +244,9 @@ class Counter:
             return CounterSnapshot(
                 env_steps=self._env_steps,
                 learner_steps=self._learner_steps,
-                episodes=self._episodes,
-                returns=tuple(self._returns),
-                lengths=tuple(self._lengths),
+                episodes=self._episodes.episodes,
+                returns=self._episodes.returns,
+                lengths=self._episodes.lengths,
                 elapsed_s=self._elapsed_before + self._clock() - self._session_start,
                 resumes=self._resumes,
             )

@@ -1,18 +1,18 @@
 """Evolution strategies' executions: one generation per jitted call on anakin, and the program
 graph of es_node.py on the host platforms.
 
-On anakin (`ESAnakinRun`) a generation is one compiled call: ask (the members as flat params,
-drawn from the search state's common random numbers) -> every member plays whole episodes of
-the JAX env, vmapped -> tell (the agent's pure update on the fitnesses). The host only counts
-the episodes (`counter.Counter`, as the learner node does), asks the stop rule, and writes
-checkpoints of the search state, which has the same structure as the host learner's, so
-`launch/evaluate.py` and `--resume` treat both alike.
+On anakin (`GenerationProgram`, driven by `in_process.InProcessRun`) a generation is one
+compiled call: ask (the members as flat params, drawn from the search state's common random
+numbers) -> every member plays whole episodes of the JAX env, vmapped -> tell (the agent's pure
+update on the fitnesses). The host only counts the episodes (`counter.ReturnWindow`, as the
+learner node's counter does), asks the stop rule, and writes checkpoints of the search state,
+which has the same structure as the host learner's, so `launch/evaluate.py` and `--resume`
+treat both alike.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -20,15 +20,15 @@ import jax.numpy as jnp
 
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.contract.population import MemberPolicy, PopulationSearch, Search
-from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
-from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
-from trellis.builders.experiments.counter import Counter, CounterSnapshot
-from trellis.builders.experiments.es_node import count_generation, make_es_program
-from trellis.builders.experiments.execution import Ending, Execution, Report
+from trellis.builders.experiments.anakin_run import AnakinError
+from trellis.builders.experiments.counter import CounterSnapshot, ReturnWindow
+from trellis.builders.experiments.es_node import make_es_program
+from trellis.builders.experiments.execution import Execution
+from trellis.builders.experiments.in_process import Called, InProcessRun
 from trellis.builders.experiments.platforms import Platform, PopulationSettings
 from trellis.builders.experiments.program_run import ProgramRun
 from trellis.builders.experiments.schedule import LearningRateSchedule
-from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.builders.experiments.stop import StopRule
 from trellis.envs import EnvFactory, JaxEnvFactory
 from trellis.envs.contract import is_jax
 
@@ -95,37 +95,24 @@ def make_generation(builder: PopulationSearch, env_factory: JaxEnvFactory
     return generation, search
 
 
-def generation_stats(snapshot: CounterSnapshot, metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """A report's stats: the counters, and the last generation's fitness and search metrics."""
-    stats = snapshot.stats()
-    stats.update({name: float(value) for name, value in metrics.items()})
-    stats["generation"] = snapshot.learner_steps
-    return stats
-
-
-class ESAnakinRun:
-    """The session's `Execution` of evolution strategies on the anakin platform.
-
-    Each `advance` is one generation (one compiled call: `--updates_per_call` other than 1 is
-    refused). A population of populations is not what ES means by a population: `--num_seeds`,
-    `--member_hparams` and `--pbt` are refused.
+class GenerationProgram:
+    """Evolution strategies on the anakin platform, as `in_process.InProcessRun` drives it:
+    each call is one generation (one compiled call: `--updates_per_call` other than 1 is
+    refused). A population of populations is not what ES means by a population:
+    `--num_seeds`, `--member_hparams` and `--pbt` are refused.
 
     Args:
-      builder, env_factory, config, run_dir: as for `session.run_experiment`.
+      builder, env_factory, config: as for `session.run_experiment`.
       settings: anakin's settings (only the defaults are accepted).
-      stop_rule: the session's rule, asked after every generation.
-      resume: (step, progress) of the checkpoint to continue from, or None.
 
     Raises:
       AnakinError: an env that is not written in JAX, or population settings of anakin.
     """
 
+    num_members = 1  # One search: its members are one population's.
+
     def __init__(self, builder: PopulationSearch, env_factory: EnvFactory,
-                 config: ExperimentConfig, run_dir: str, settings: PopulationSettings,
-                 stop_rule: StopRule,
-                 resume: tuple[int, Mapping[str, Any]] | None):
-        # The session's clock starts with the process: imports and compilation count.
-        self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
+                 config: ExperimentConfig, settings: PopulationSettings):
         if not is_jax(env_factory):
             raise AnakinError(f"--platform=anakin needs an env written in JAX, e.g. "
                               f"gymnax:CartPole-v1; {env_factory.env_id!r} is a Gymnasium id")
@@ -136,89 +123,62 @@ class ESAnakinRun:
             raise AnakinError(f"ES's compiled call is one generation (--population_size sets "
                               f"its size): --updates_per_call must be 1, got "
                               f"{settings.updates_per_call}")
-        self._rule = stop_rule
         generation, search = make_generation(builder, env_factory)
         spec = env_factory.spec()
         self._schedule = LearningRateSchedule.of(
             builder, builder.make_training(builder.make_networks(spec), spec),
             config.total_env_steps)
-        self._checkpointer: Checkpointer | None = None
-        self._checkpoint_args = (checkpoint_dir(run_dir), config.keep_checkpoints)
-        state = jax.jit(search.init)(jax.random.PRNGKey(config.seed))
-        if resume is None:
-            self._counter = Counter(config.return_window)
-        else:
-            state, progress = self._checkpoints().restore(state, resume[0])
-            self._counter = Counter.restore(progress, config.return_window)
+        self._state = jax.jit(search.init)(jax.random.PRNGKey(config.seed))
+        self._generation = jax.jit(generation).lower(self._state).compile()
+        self._episodes = ReturnWindow(config.return_window)
+        self._env_steps = self._generations = 0
+
+    @property
+    def state(self) -> Any:
+        return self._state
+
+    def restore(self, state: Any, progress: Mapping[str, Any]) -> None:
         self._state = state
-        self._generation = jax.jit(generation).lower(state).compile()
-        self._metrics: Mapping[str, Any] = {}
-        self._steady: tuple[float, int] | None = None  # (time, env steps) after compiling.
-        self._last: tuple[Report, CounterSnapshot, float] | None = None
-        self._counter.start_session()
+        self._episodes = ReturnWindow(self._episodes.size, progress)
+        self._env_steps = int(progress["env_steps"])
+        self._generations = int(progress["learner_steps"])
 
-    def _checkpoints(self) -> Checkpointer:
-        # orbax takes a second or two to import: opened at first use (a short run's end).
-        if self._checkpointer is None:
-            self._checkpointer = Checkpointer(*self._checkpoint_args)
-        return self._checkpointer
-
-    def _report(self, stopped_by: str | None = None) -> Report:
-        snapshot = self._counter.snapshot()
-        stats = generation_stats(snapshot, self._metrics)
-        since, steps = self._steady or (time.monotonic(), snapshot.env_steps)
-        elapsed = time.monotonic() - since
-        stats["env_steps_per_s"] = round((snapshot.env_steps - steps) / elapsed, 1) if (
-            elapsed > 0) else 0.0
-        report = Report(stats, stopped_by=stopped_by)
-        self._last = (report, snapshot, time.monotonic())
-        return report
-
-    def advance(self, timeout_s: float) -> Report:
-        del timeout_s  # One generation: its length is the program's.
-        schedule = {}
+    def call(self) -> Called:
+        schedule: dict[str, float] = {}
         if self._schedule is not None:
-            self._state = self._schedule.apply(self._state, self._counter.env_steps())
+            self._state = self._schedule.apply(self._state, self._env_steps)
             schedule = self._schedule.metrics()
         self._state, returns, lengths, metrics = self._generation(self._state)
         returns, lengths, metrics = jax.device_get((returns, lengths, metrics))
-        self._metrics = {**metrics, **schedule}
-        count_generation(self._counter, returns, lengths)
-        if self._steady is None:  # After the first call, which waited for the compilation.
-            self._steady = (time.monotonic(), self._counter.env_steps())
-        return self._report(self._rule(self._counter.snapshot()))
+        self._episodes.add(returns.ravel().tolist(), lengths.ravel().tolist())
+        self._env_steps += int(lengths.sum())
+        self._generations += 1
+        return Called({**{name: float(value) for name, value in metrics.items()}, **schedule,
+                       "generation": self._generations})
 
-    def checkpoint(self) -> None:
-        snapshot = self._counter.snapshot()
-        self._checkpoints().save(snapshot.env_steps, self._state, snapshot.progress())
+    def snapshots(self, elapsed_s: float, resumes: int) -> list[CounterSnapshot]:
+        episodes = self._episodes
+        return [CounterSnapshot(self._env_steps, self._generations, episodes.episodes,
+                                episodes.returns, episodes.lengths, elapsed_s, resumes)]
 
-    def stop(self) -> Report:
-        return self._report(SIGNAL)
+    def fields(self, snapshots: Sequence[CounterSnapshot]) -> dict[str, Any]:
+        return {}
 
-    def finish(self) -> Ending:
-        assert self._last is not None
-        report, snapshot, stopped = self._last
-        self._checkpoints().save(snapshot.env_steps, self._state, snapshot.progress())
-        self._checkpoints().close()
-        since, steps = self._steady or (stopped, snapshot.env_steps)
-        fields = {"generations": snapshot.learner_steps,
-                  # After the first call (compiled) until the stop: the steady rate.
-                  "steady_env_steps_per_s": round((snapshot.env_steps - steps)
-                                                  / (stopped - since), 1) if stopped > since
-                  else 0.0}
-        return Ending(130 if report.stopped_by == SIGNAL else 0, self._started, fields)
+    def summary(self, snapshots: Sequence[CounterSnapshot]) -> dict[str, Any]:
+        return {"generations": snapshots[0].learner_steps}
 
 
 def execution(builder: PopulationSearch, env_factory: EnvFactory, config: ExperimentConfig,
               run_dir: str, settings: Platform, resume: tuple[int, Mapping[str, Any]] | None,
               quiet: bool = False) -> Execution:
-    """ES on `settings`' platform: `ESAnakinRun` on anakin, else the program graph of
+    """ES on `settings`' platform: a `GenerationProgram` on anakin, else the program graph of
     `es_node.make_es_program` (env workers send fitnesses, the learner node tells them).
     Nothing to be quiet about: `quiet` is the session's table's common argument."""
     del quiet
     rule = StopRule.of(config)
     if isinstance(settings, PopulationSettings):
-        return ESAnakinRun(builder, env_factory, config, run_dir, settings, rule, resume)
+        return InProcessRun(GenerationProgram(builder, env_factory, config, settings), config,
+                            run_dir, rule, resume)
     return ProgramRun(builder, env_factory, config, run_dir, settings, rule,
                       None if resume is None else resume[0], make=make_es_program)
 

@@ -47,7 +47,7 @@ _STATS_KEYS = {
     "env_steps", "learner_steps", "episodes", "mean_return", "min_return", "max_return",
     "returns_in_window", "mean_episode_length", "evaluation", "elapsed_s", "resumes",
     "env_steps_per_s", "inference_batches", "slot_resets", "queue_size", "policy_lag_mean",
-    "policy_lag_max", "inference_batch_mean",
+    "policy_lag_max", "inference_batch_mean", "learning_rate",
 }
 
 
@@ -119,8 +119,8 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
     (learner updates between the params that acted and the update that learned from it, over the
     log interval; agents fed unrolls in order), inference_batch_mean (env steps per policy call
     of the central inference over the log interval), restarts (env-worker restarts seen by
-    inference), resumes, the learner's metrics as `learner/<name>`, and `extra` (e.g.
-    learning_rate).
+    inference), resumes, learning_rate (in effect, where the stats give it), the learner's
+    metrics as `learner/<name>`, and `extra`.
     """
     record: dict[str, Any] = {
         "time": round(time.time(), 3),
@@ -140,6 +140,8 @@ def metrics_record(stats: dict[str, Any], extra: dict[str, Any] | None = None) -
         "restarts": stats.get("slot_resets", 0),
         "resumes": stats.get("resumes", 0),
     }
+    if "learning_rate" in stats:  # In effect (the schedule's factor applied): the run's.
+        record["learning_rate"] = stats["learning_rate"]
     for name, value in sorted(stats.items()):
         if name not in _STATS_KEYS and _number(value) is not None:
             record[f"learner/{name}"] = value

@@ -1,7 +1,8 @@
-"""Two-player self-play on the anakin platform: `SelfPlayRun` drives an agent whose learning
-is self-play with search on the device (`Capabilities(learns_from=SELF_PLAY)`: AlphaZero).
+"""Two-player self-play on the anakin platform: `SelfPlayIterations` (driven by
+`in_process.InProcessRun`) runs an agent whose learning is self-play with search on the device
+(`Capabilities(learns_from=SELF_PLAY)`: AlphaZero).
 
-Each `advance` is one compiled call of the agent's `iterate` (its `make_self_play`): moves of
+Each call is one compiled call of the agent's `iterate` (its `make_self_play`): moves of
 all games chosen by the search, positions into the replay on the device, SGD steps. Every
 `eval_every_updates` SGD steps (and once at the start of a session) the agent's search plays
 `eval_games` games against the agent's `eval_opponent` (the builder's `make_match`; AlphaZero's
@@ -17,10 +18,8 @@ moves played.
 
 from __future__ import annotations
 
-import collections
-import functools
-import time
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,13 +27,15 @@ import numpy as np
 
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.contract.self_play import Match, SelfPlayAgent
-from trellis.builders.experiments.anakin_run import AnakinError, seconds_since_process_start
-from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
-from trellis.builders.experiments.counter import CounterSnapshot
-from trellis.builders.experiments.execution import Ending, Execution, Report
+from trellis.builders.experiments.anakin_run import AnakinError
+from trellis.builders.experiments.counter import CounterSnapshot, ReturnWindow
+from trellis.builders.experiments.evaluation import summarize
+from trellis.builders.experiments.execution import Execution
+from trellis.builders.experiments.in_process import Called, InProcessRun
 from trellis.builders.experiments.platforms import Platform, PopulationSettings
+from trellis.builders.experiments.restore import RestoreError, Wanted, restore_state
 from trellis.builders.experiments.schedule import LearningRateSchedule
-from trellis.builders.experiments.stop import SIGNAL, StopRule
+from trellis.builders.experiments.stop import StopRule
 from trellis.envs import EnvFactory
 
 
@@ -103,33 +104,76 @@ def restore_params(builder: SelfPlayAgent, env_factory: EnvFactory, seed: int, r
       (the program, the params, the checkpoint's step, its progress).
 
     Raises:
+      builders.experiments.restore.RestoreError: the run has no checkpoints.
       builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
     """
     program = SelfPlayProgram(builder, env_factory)
-    checkpointer = Checkpointer(checkpoint_dir(run_dir))
-    try:
-        step = checkpointer.latest_step() if step is None else step
-        state, progress = checkpointer.restore(program.init(jax.random.key(seed)), step)
-    finally:
-        checkpointer.close()
+    state, step, progress = restore_state(run_dir, program.init(jax.random.key(seed)), step)
     return program, program.params(state), step, progress
 
 
-class SelfPlayRun:
-    """The session's `Execution` of self-play (see the module's docstring).
+@dataclasses.dataclass(frozen=True)
+class MatchMember:
+    """A self-play run's player restored from a checkpoint (`restore.Member`): its search
+    plays games against a baseline, half moving first; the returns are the outcomes (1 win,
+    0 draw, -1 loss).
 
-    Args:
-      builder, env_factory, config, run_dir: as for `session.run_experiment`.
-      stop_rule: the session's rule.
-      resume: (step, progress) of the checkpoint to continue from, or None.
+    Attributes:
+      program: the run's self-play pieces.
+      params: the checkpoint's params.
+      step, progress: the checkpoint's.
+      opponent: the baseline.
     """
 
-    def __init__(self, builder: SelfPlayAgent, env_factory: EnvFactory, config: ExperimentConfig,
-                 run_dir: str, stop_rule: StopRule,
-                 resume: tuple[int, Mapping[str, Any]] | None):
-        # The session's clock starts with the process: imports and compilation count.
-        self._started = time.monotonic() - (seconds_since_process_start() or 0.0)
-        self._agent, self._rule = builder.config, stop_rule
+    program: SelfPlayProgram
+    params: Any
+    step: int
+    progress: Mapping[str, Any]
+    opponent: str
+
+    def play(self, episodes: int, seed: int) -> dict[str, Any]:
+        try:
+            outcomes = self.program.outcomes(self.params, self.opponent, jax.random.key(seed),
+                                             episodes)
+        except AnakinError as e:
+            raise RestoreError(str(e)) from None
+        return {**summarize(outcomes.tolist()), "opponent": self.opponent,
+                **outcome_rates(outcomes)}
+
+    def record(self, episodes: int, seed: int, video_dir: str) -> dict[str, Any]:
+        raise RestoreError("--video records Gymnasium envs; this run's game is written in JAX")
+
+
+def restore_match(builder: SelfPlayAgent, env_factory: EnvFactory, config: ExperimentConfig,
+                  wanted: Wanted) -> MatchMember:
+    """A self-play run's player (`session.EXECUTIONS`' restore), against `wanted.opponent`
+    (default: the agent's `eval_opponent`).
+
+    Raises:
+      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+    """
+    program, params, step, progress = restore_params(builder, env_factory, config.seed,
+                                                     wanted.run_dir, wanted.step)
+    return MatchMember(program, params, step, progress,
+                       wanted.opponent or builder.config.eval_opponent)
+
+
+class SelfPlayIterations:
+    """Self-play as `in_process.InProcessRun` drives it (see the module's docstring): each
+    call is one self-play iteration, after the evaluation games when due.
+
+    Args:
+      builder, env_factory, config: as for `session.run_experiment`.
+
+    Raises:
+      AnakinError: the agent's `eval_opponent` cannot play this game.
+    """
+
+    num_members = 1
+
+    def __init__(self, builder: SelfPlayAgent, env_factory: EnvFactory,
+                 config: ExperimentConfig):
+        self._agent = builder.config
         self._program = SelfPlayProgram(builder, env_factory)
         spec = env_factory.spec()
         self._schedule = LearningRateSchedule.of(
@@ -137,30 +181,18 @@ class SelfPlayRun:
         if builder.config.eval_every_updates:  # A baseline that cannot play: before the start.
             self._program.match(builder.config.eval_opponent, builder.config.eval_games)
         self._state = self._program.init(jax.random.key(config.seed))
-        progress: Mapping[str, Any] = {}
-        self._checkpoints = functools.cache(
-            lambda: Checkpointer(checkpoint_dir(run_dir), config.keep_checkpoints))
-        if resume:
-            self._state, progress = self._checkpoints().restore(self._state, resume[0])
-        self._elapsed_before = float(progress.get("elapsed_s", 0.0))
-        self._resumes = int(progress.get("resumes", 0)) + 1 if resume else 0
-        self._episodes = int(progress.get("episodes", 0))
-        self._returns = collections.deque(progress.get("returns", []),
-                                          maxlen=config.return_window)
+        self._episodes = ReturnWindow(config.return_window)  # The evaluations' outcomes.
         self._eval_key = jax.random.fold_in(jax.random.key(config.seed), 2)
         self._next_eval = 0  # Learner steps: an evaluation at the start of every session.
-        self._metrics: Mapping[str, Any] = {}
-        self._steady: tuple[float, int] | None = None  # (time, moves) after compiling.
-        self._last: tuple[Report, CounterSnapshot, float] | None = None
+        self._games = 0  # Self-play games finished, at the last call.
 
-    def _snapshot(self) -> CounterSnapshot:
-        counts = jax.device_get(self._program.counts(self._state))
-        return CounterSnapshot(
-            env_steps=int(counts.moves), learner_steps=int(counts.learner_steps),
-            episodes=self._episodes,
-            returns=tuple(self._returns), lengths=(),
-            elapsed_s=self._elapsed_before + time.monotonic() - self._started,
-            resumes=self._resumes)
+    @property
+    def state(self) -> Any:
+        return self._state
+
+    def restore(self, state: Any, progress: Mapping[str, Any]) -> None:
+        self._state = state
+        self._episodes = ReturnWindow(self._episodes.size, progress)
 
     def _evaluate(self, learner_steps: int) -> dict[str, Any]:
         """Evaluation games if due: their outcomes join the returns; the record's fields."""
@@ -172,60 +204,33 @@ class SelfPlayRun:
         outcomes = self._program.outcomes(
             self._program.params(self._state), agent.eval_opponent,
             jax.random.fold_in(self._eval_key, learner_steps), agent.eval_games)
-        self._returns.extend(float(o) for o in outcomes)
-        self._episodes += len(outcomes)
+        self._episodes.add(float(o) for o in outcomes)
         return {"eval/opponent": agent.eval_opponent, "eval/learner_steps": learner_steps,
                 **{f"eval/{name}": rate for name, rate in outcome_rates(outcomes).items()}}
 
-    def _report(self, snapshot: CounterSnapshot, stopped_by: str | None,
-                fields: Mapping[str, Any]) -> Report:
-        now = time.monotonic()
-        steady_time, steady_moves = self._steady or (now, snapshot.env_steps)
-        stats = {**snapshot.stats(),
-                 **{k: float(np.asarray(v)) for k, v in self._metrics.items()},
-                 "env_steps_per_s": _rate(snapshot.env_steps - steady_moves, now - steady_time),
-                 "self_play_games": int(jax.device_get(
-                     self._program.counts(self._state).games_finished))}
-        report = Report(stats, fields, stopped_by, record_now=bool(fields))
-        self._last = (report, snapshot, now)
-        return report
-
-    def advance(self, timeout_s: float) -> Report:
-        del timeout_s  # One compiled call: its length is the program's.
-        before = self._snapshot()
-        fields = self._evaluate(before.learner_steps)
-        schedule = {}
+    def call(self) -> Called:
+        before = jax.device_get(self._program.counts(self._state))
+        fields = self._evaluate(int(before.learner_steps))
+        schedule: dict[str, float] = {}
         if self._schedule is not None:  # The self-play state holds the training state.
-            self._state = self._schedule.apply(self._state, before.env_steps)
+            self._state = self._schedule.apply(self._state, int(before.moves))
             schedule = self._schedule.metrics()
         self._state, metrics = self._program.iterate(self._state)
-        self._metrics = {**metrics, **schedule}
-        snapshot = self._snapshot()  # Waits for the call.
-        if self._steady is None:  # After the first call, which compiled the program.
-            self._steady = (time.monotonic(), snapshot.env_steps)
-        return self._report(snapshot, self._rule(snapshot), fields)
+        self._games = int(jax.device_get(self._program.counts(self._state).games_finished))
+        return Called({**{k: float(np.asarray(v)) for k, v in metrics.items()}, **schedule,
+                       "self_play_games": self._games}, fields, record_now=bool(fields))
 
-    def checkpoint(self) -> None:
-        snapshot = self._snapshot()
-        self._checkpoints().save(snapshot.env_steps, self._state, snapshot.progress())
+    def snapshots(self, elapsed_s: float, resumes: int) -> list[CounterSnapshot]:
+        counts = jax.device_get(self._program.counts(self._state))
+        episodes = self._episodes
+        return [CounterSnapshot(int(counts.moves), int(counts.learner_steps), episodes.episodes,
+                                episodes.returns, episodes.lengths, elapsed_s, resumes)]
 
-    def stop(self) -> Report:
-        return self._report(self._snapshot(), SIGNAL, {})
+    def fields(self, snapshots: Sequence[CounterSnapshot]) -> dict[str, Any]:
+        return {}
 
-    def finish(self) -> Ending:
-        assert self._last is not None
-        report, snapshot, stopped = self._last
-        self._checkpoints().save(snapshot.env_steps, self._state, snapshot.progress())
-        self._checkpoints().close()
-        steady_time, steady_moves = self._steady or (stopped, snapshot.env_steps)
-        fields = {"steady_env_steps_per_s": _rate(snapshot.env_steps - steady_moves,
-                                                  stopped - steady_time),
-                  "self_play_games": report.stats["self_play_games"]}
-        return Ending(130 if report.stopped_by == SIGNAL else 0, self._started, fields)
-
-
-def _rate(steps: int, seconds: float) -> float:
-    return round(steps / seconds, 1) if seconds > 0 else 0.0
+    def summary(self, snapshots: Sequence[CounterSnapshot]) -> dict[str, Any]:
+        return {"self_play_games": self._games}
 
 
 def execution(builder: SelfPlayAgent, env_factory: EnvFactory, config: ExperimentConfig,
@@ -239,4 +244,5 @@ def execution(builder: SelfPlayAgent, env_factory: EnvFactory, config: Experimen
     """
     del quiet
     _check(builder, settings)
-    return SelfPlayRun(builder, env_factory, config, run_dir, StopRule.of(config), resume)
+    return InProcessRun(SelfPlayIterations(builder, env_factory, config), config, run_dir,
+                        StopRule.of(config), resume)

@@ -9,7 +9,12 @@ summary (a typed `Summary`, written as summary.json with learning_curve.png). Th
 live. A platform only runs the program until told to stop, reporting counters:
 
 - `program_run.ProgramRun`: the SEED-style program graph on `local_mt`, `local_mp` or `ray`;
-- `anakin_run.AnakinRun`: act and learn in one jitted program (`--platform=anakin`).
+- `in_process.InProcessRun`: a compiled program in this process (`--platform=anakin`): a
+  population acting and learning (`anakin_run`), ES's generations (`es_run`), self-play
+  (`self_play_run`).
+
+Each kind's entry in `EXECUTIONS` also says how a member of its runs is restored from a
+checkpoint for evaluation (launch/evaluate.py).
 
 `launch/run.py` calls `run_experiment` for the registered agents; a notebook may call it with
 a builder of its own (on `local_mt`, since a class defined in a notebook cannot be pickled
@@ -45,7 +50,7 @@ from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.contract.population import PopulationSearch
 from trellis.builders.contract.self_play import SelfPlayAgent
 from trellis.builders.experiments import es_run, self_play_run
-from trellis.builders.experiments.anakin_run import AnakinRun
+from trellis.builders.experiments.anakin_run import population_run, restore_gradient_member
 from trellis.builders.experiments.checkpointing import latest_checkpoint
 from trellis.builders.experiments.curves import finish_run_dir
 from trellis.builders.experiments.execution import Ending, Execution, Report
@@ -58,6 +63,7 @@ from trellis.builders.experiments.platforms import (
 )
 from trellis.builders.experiments.program_run import ProgramRun
 from trellis.builders.experiments.progress import Progress
+from trellis.builders.experiments.restore import Member, Wanted, restore_search
 from trellis.builders.experiments.rundir import (
     AGENT_CONFIG,
     COMMAND_LINE,
@@ -208,7 +214,7 @@ class Session:
       run_dir: the run directory.
       quiet: no progress output.
       resume_progress: the progress record of the checkpoint a resumed run continues from.
-      extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
+      extra_metrics: constant fields added to every metrics record (e.g. a sweep's trial).
       on_stats: called with each stats record as it is logged; True stops the run (a signal).
     """
 
@@ -327,34 +333,51 @@ def _gradient_execution(builder: Builder, env_factory: EnvFactory, config: Exper
                         run_dir: str, settings: Platform,
                         resume_from: tuple[int, Mapping[str, Any]] | None,
                         quiet: bool) -> Execution:
-    """Gradient learners: a population in one jitted program on anakin (`AnakinRun`), else the
-    SEED-style program graph (`ProgramRun`)."""
+    """Gradient learners: a population in one jitted program on anakin
+    (`anakin_run.population_run`), else the SEED-style program graph (`ProgramRun`)."""
     if isinstance(settings, PopulationSettings):
         rule = StopRule.of(config, every_member=settings.pbt is None)
-        return AnakinRun(builder, env_factory, config, run_dir, settings, rule, resume_from,
-                         quiet=quiet)
+        return population_run(builder, env_factory, config, run_dir, settings, rule,
+                              resume_from, quiet=quiet)
     return ProgramRun(builder, env_factory, config, run_dir, settings, StopRule.of(config),
                       None if resume_from is None else resume_from[0])
 
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """A kind of agent: the protocol its builders provide, and its execution, which builds
-    its anakin program or its program graph for the host platforms, typed by that protocol
+    """A kind of agent: the protocol its builders provide; its execution, which builds its
+    in-process program or its program graph for the host platforms, typed by that protocol
     and called with (builder, env_factory, config, run_dir, platform settings, resume_from,
-    quiet) once `check_supported` has checked the builder provides the protocol."""
+    quiet) once `check_supported` has checked the builder provides the protocol; and how a
+    member of its runs is restored for evaluation, called with (builder, env_factory, config,
+    `restore.Wanted`) and giving a `restore.Member`."""
 
     protocol: type
     execution: Callable[..., Execution]
+    restore: Callable[..., Member]
 
 
 # The kinds, by what the agent learns from (`Capabilities.learns_from`).
 EXECUTIONS: dict[str, Kind] = {
-    UNROLLS: Kind(Builder, _gradient_execution),
-    REPLAY: Kind(Builder, _gradient_execution),
-    EPISODES: Kind(PopulationSearch, es_run.execution),
-    SELF_PLAY: Kind(SelfPlayAgent, self_play_run.execution),
+    UNROLLS: Kind(Builder, _gradient_execution, restore_gradient_member),
+    REPLAY: Kind(Builder, _gradient_execution, restore_gradient_member),
+    EPISODES: Kind(PopulationSearch, es_run.execution, restore_search),
+    SELF_PLAY: Kind(SelfPlayAgent, self_play_run.execution, self_play_run.restore_match),
 }
+
+
+def restore_run_member(builder: Agent, env_factory: EnvFactory, config: ExperimentConfig,
+                       wanted: Wanted) -> Member:
+    """A member of the run `wanted` names, restored from its checkpoint as its agent's kind
+    says (`EXECUTIONS`), to be played (launch/evaluate.py).
+
+    Raises:
+      builders.experiments.restore.RestoreError: the run has no checkpoints.
+      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+      builders.experiments.anakin_run.AnakinError: no such member.
+    """
+    kind = EXECUTIONS[builder.capabilities.learns_from]
+    return kind.restore(builder, env_factory, config, wanted)
 
 
 def run_experiment(
@@ -389,7 +412,8 @@ def run_experiment(
       options: the command line's options, for config.json's command_line section (default:
         the env's id only).
       argv: the command line of this session, recorded in config.json's run record.
-      extra_metrics: constant fields added to every metrics record (e.g. learning_rate).
+      extra_metrics: constant fields added to every metrics record (e.g. a sweep's trial;
+        the learning rate in effect is logged by every execution, `learning_rate`).
       on_stats: called with each stats record as it is logged (e.g. to report to Ray Tune);
         returning True stops the run (stopped_by "signal").
 

@@ -172,7 +172,6 @@ def run_trial(hparams: dict[str, Any], spec: SweepSpec) -> None:
         agent_module(spec.agent).Builder(agent_config), spec.env_factory, experiment,
         run_dir, platform=spec.platform, quiet=True, resume=origin is not None,
         options=spec.options,
-        extra_metrics={"learning_rate": agent_config.learning_rate},
         on_stats=_Reporter(run_dir, trial_id, spec.metric, origin and origin["step"],
                            spec.pbt.pbt_interval if spec.scheduler == "pbt" else None))
     if summary["exit_code"] == 1:
