@@ -1,4 +1,5 @@
-"""The learner node: its unroll feed, and end to end on threads: budget stop, stats, resume."""
+"""The learner node: its parts (feed, update, stats), and end to end on threads: budget stop,
+stats, resume."""
 
 import dataclasses
 import threading
@@ -20,6 +21,7 @@ from trellis.builders.experiments.checkpointing import (
     checkpoint_dir,
     latest_checkpoint,
 )
+from trellis.builders.experiments.counter import Counter
 from trellis.builders.experiments.feeds import (
     POLICY_VERSION,
     Prefetch,
@@ -27,9 +29,15 @@ from trellis.builders.experiments.feeds import (
     batch_sizes,
     max_unrolls,
 )
-from trellis.builders.experiments.learner_node import (
+from trellis.builders.experiments.learner_node import LearnerNode
+from trellis.builders.experiments.learner_stats import (
+    LearnerStats,
     PolicyLag,
     inference_batch_mean,
+)
+from trellis.builders.experiments.learner_update import (
+    CompileAhead,
+    LearnerUpdate,
     out_of_memory_message,
 )
 from trellis.builders.experiments.program import make_program
@@ -129,7 +137,7 @@ def compiles_in_updates(monkeypatch):
 ], ids=["impala", "dqn", "sac", "r2d2"])
 def test_the_learners_first_update_is_compiled_before_its_batch_comes(builder, env_id,
                                                                       compiles_in_updates):
-    """The learner node compiles the update beside the start (`_Compiling`), also where it
+    """The learner node compiles the update beside the start (`CompileAhead`), also where it
     takes other batches than the unrolls (a replay learner's sampled minibatches, R2D2's
     sampled sequences): no update waits for its compile, and the stop rule is not kept
     waiting by one."""
@@ -331,3 +339,92 @@ def test_out_of_memory_names_the_setting_that_made_the_update_large():
         "the learner's update ran out of device memory (")
     assert out_of_memory_message(jax.errors.JaxRuntimeError("INTERNAL: boom"), 256, auto,
                                  32) is None
+
+
+class _CountingLearner:
+    """A stand-in for an agent's learner: its params are the number of updates it made."""
+
+    def __init__(self):
+        self.params = self.state = 0
+
+    def step(self, batch):
+        self.params = self.state = self.params + 1
+        return {"loss": np.float32(batch["x"].mean())}
+
+    def compile(self, batch):
+        del batch
+
+    def place(self, batch):
+        return batch
+
+    def restore(self, state):
+        self.params = self.state = state
+
+
+class _Inference:
+    """A stand-in for the inference server: records the params handed to it."""
+
+    steps = batches = slot_resets = 0
+
+    def __init__(self):
+        self.published = []
+
+    def start(self):
+        pass
+
+    def join(self, timeout):
+        del timeout
+
+    def set_params(self, params, version):
+        self.published.append((params, version))
+
+
+class _Batches:
+    """A stand-in for the prefetched feed: the given batches, then none."""
+
+    def __init__(self, batches):
+        self._batches = list(batches)
+        self.closed = False
+
+    def next_batch(self):
+        if self._batches:
+            return self._batches.pop(0)
+        time.sleep(0.01)  # As the feed's short wait when nothing is ready.
+        return None
+
+    def close(self, timeout_s):
+        del timeout_s
+        self.closed = True
+
+
+def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside():
+    """The node only moves batches and params between the parts `program.learner_node`
+    passes in: each update's params go to inference with the next version and are counted,
+    its metrics and policy lag reach `stats()`, and a stop from outside ends `run()` with
+    the batches closed."""
+    stop = threading.Event()
+    learner, inference = _CountingLearner(), _Inference()
+    acted_by = np.zeros((3, 2), np.int64)  # Every batch acted by the initial params.
+    batches = _Batches([({"x": np.full((3, 2), i, np.float32)}, acted_by) for i in range(3)])
+    counter = Counter(return_window=5)
+    update = LearnerUpdate(learner, CompileAhead(learner, {}, threading.Event(), stop,
+                                                 lambda size: None),
+                           None, ExperimentConfig(), batch_size=2)
+    node = LearnerNode(inference, batches, update, counter, lambda snapshot: None,
+                       LearnerStats(counter, inference, lambda: 0, log_every_s=0.0),
+                       checkpointer=None, stop=stop)
+    running = threading.Thread(target=node.run)
+    running.start()
+    deadline = time.monotonic() + 30
+    while counter.snapshot().learner_steps < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    running.join(timeout=30)
+
+    assert not running.is_alive(), "run() must return once the program stops"
+    assert inference.published == [(1, 1), (2, 2), (3, 3)]
+    assert batches.closed
+    stats = node.stats()
+    assert stats["learner_steps"] == 3 and node.get_params() == 3
+    assert stats["loss"] == 2.0  # The last update's metrics (logged at every update here).
+    assert (stats["policy_lag_mean"], stats["policy_lag_max"]) == (2.0, 2.0)

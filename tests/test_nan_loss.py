@@ -14,7 +14,7 @@ from trellis.builders.experiments.checkpointing import (
     checkpoint_dir,
     latest_checkpoint,
 )
-from trellis.builders.experiments.learner_node import FiniteCheck, NonFiniteLossError
+from trellis.builders.experiments.learner_update import FiniteCheck, NonFiniteLossError
 from trellis.builders.experiments.session import run_experiment
 from trellis.envs import GymnasiumFactory
 

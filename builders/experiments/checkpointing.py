@@ -19,6 +19,9 @@ from typing import Any
 import jax
 
 from trellis.agents.common import with_learning_rate_factor, without_learning_rate_factor
+from trellis.builders.contract.agent import Learner
+from trellis.builders.contract.config import ExperimentConfig
+from trellis.builders.experiments.counter import Counter
 
 CHECKPOINT_SUBDIR = "checkpoints"
 
@@ -131,6 +134,25 @@ class Checkpointer:
         """Waits for a pending save, then releases orbax's threads."""
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def open_checkpoints(checkpoints: Checkpoints | None, learner: Learner,
+                     config: ExperimentConfig) -> tuple[Checkpointer | None, Counter]:
+    """A learner node's checkpointer (None without `checkpoints`) and its run's counter;
+    where `checkpoints` resumes, both from its checkpoint: the learner's state is restored
+    into `learner`, and the counter goes on from the saved counts.
+
+    Raises:
+      CheckpointError: the checkpoint to resume from is missing or does not fit.
+    """
+    if checkpoints is None:
+        return None, Counter(config.return_window)
+    checkpointer = Checkpointer(checkpoints.directory, config.keep_checkpoints)
+    if checkpoints.resume_step is None:
+        return checkpointer, Counter(config.return_window)
+    state, progress = checkpointer.restore(learner.state, checkpoints.resume_step)
+    learner.restore(state)
+    return checkpointer, Counter.restore(progress, config.return_window)
 
 
 def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:

@@ -28,6 +28,7 @@ from trellis.builders.experiments.unroll_queue import (
     TableUnrollQueue,
     unroll_signature,
 )
+from trellis.envs.multi_agent import MultiAgentSpec
 from trellis.envs.specs import EnvSpec
 from trellis.launch.runtime.node_context import StopEvent
 from trellis.reverb_tables import RateLimiterTimeout, ReplayClient, StreamingWriter, TableSpec
@@ -97,6 +98,11 @@ class Prefetch:
     def join(self, timeout_s: float) -> None:
         """Waits for the thread to end (call after the stop)."""
         self._thread.join(timeout_s)
+
+    def close(self, timeout_s: float) -> None:
+        """Waits for the thread to end (call after the stop), then closes the feed."""
+        self.join(timeout_s)
+        self._feed.close()
 
 
 def batch_sizes(queue_spec: QueueSpec, config: ExperimentConfig) -> tuple[int, ...]:
@@ -319,6 +325,10 @@ class ReplayFeed:
     def _num_inserts(self) -> int:
         return int(self._replay.info(self._table)["num_inserts"])
 
+    def allow(self, columns: int) -> None:
+        """Nothing to allow: every sampled batch has the one size, compiled first."""
+        del columns
+
     def close(self) -> None:
         """Waits until the table has every item sent (those a stop cut short aside)."""
         try:
@@ -370,7 +380,7 @@ def max_unrolls(queue_spec: QueueSpec, config: ExperimentConfig,
     return min(bound, 2 * math.ceil((largest or sizes[-1]) / config.envs_per_group))
 
 
-def agent_table(builder: Builder, spec: EnvSpec) -> TableSpec | None:
+def agent_table(builder: Builder[Any], spec: EnvSpec | MultiAgentSpec) -> TableSpec | None:
     """The builder's own replay table (`Builder.replay_table`), for items that are one env
     slot's unroll {field: [T + 1, ...]}; None for most agents."""
     return builder.replay_table(unroll_signature(agent_step_specs(builder, spec),

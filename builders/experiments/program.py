@@ -1,24 +1,54 @@
-"""Turns (builder, env factory, experiment config) into a launchable program graph."""
+"""Turns (builder, env factory, experiment config) into a launchable program graph.
+
+`make_program` lays out the nodes; `learner_node` builds the learner node's parts in that
+node's own process and passes them in (Launchpad's and Acme's way: a node receives its
+collaborators, it does not build them).
+"""
 
 from __future__ import annotations
 
-from trellis.builders.contract.agent import Builder
+import threading
+from typing import Any
+
+import jax
+
+from trellis.builders.contract.agent import Builder, QueueSpec, init_device
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.builders.experiments.checkpointing import Checkpoints
+from trellis.builders.experiments.checkpointing import Checkpoints, open_checkpoints
 from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.builders.experiments.evaluation import Evaluator
-from trellis.builders.experiments.feeds import agent_table, max_unrolls
-from trellis.builders.experiments.inference import agent_step_specs
+from trellis.builders.experiments.feeds import (
+    Prefetch,
+    ReplayFeed,
+    UnrollFeed,
+    agent_table,
+    batch_sizes,
+    max_unrolls,
+    unroll_queue,
+)
+from trellis.builders.experiments.inference import (
+    InferenceServer,
+    InferenceSettings,
+    ServedPolicy,
+    agent_step_specs,
+)
 from trellis.builders.experiments.learner_node import LearnerNode
+from trellis.builders.experiments.learner_stats import LearnerStats
+from trellis.builders.experiments.learner_update import CompileAhead, LearnerUpdate
+from trellis.builders.experiments.schedule import LearningRateSchedule
+from trellis.builders.experiments.step_format import step_format
 from trellis.builders.experiments.stop import StopRule
-from trellis.builders.experiments.unroll_queue import unroll_table_spec
+from trellis.builders.experiments.unroll_queue import unroll_signature, unroll_table_spec
 from trellis.envs.contract import EnvFactory
+from trellis.envs.multi_agent import MultiAgentSpec
+from trellis.envs.specs import EnvSpec
 from trellis.launch import runtime
-from trellis.reverb_tables import ReplayNode
+from trellis.launch.runtime.node_context import StopEvent
+from trellis.reverb_tables import ReplayClient, ReplayNode, TableSpec
 
 
 def make_program(
-    builder: Builder,
+    builder: Builder[Any],
     env_factory: EnvFactory,
     config: ExperimentConfig,
     name: str = "trellis",
@@ -59,7 +89,7 @@ def make_program(
     # workers on CPU machines; other platforms ignore resources.
     with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(
-            runtime.CourierNode(LearnerNode, builder, env_factory, config, replay, checkpoints,
+            runtime.CourierNode(learner_node, builder, env_factory, config, replay, checkpoints,
                                 stop_rule))
     # A restarted env worker comes back with a new run id; inference then drops its partial
     # unrolls, so no unroll spans the restart.
@@ -86,3 +116,82 @@ def actor_seed(seed: int, actor: int, envs_per_actor: int) -> int:
     (`evaluation.evaluation_seed`) while the run has fewer than 9,972 envs.
     """
     return seed * 10_007 + 1 + actor * envs_per_actor
+
+
+def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: ExperimentConfig,
+                 replay: Any = None, checkpoints: Checkpoints | None = None,
+                 stop_rule: StopRule | None = None) -> LearnerNode:
+    """The learner node with its parts, built in the node's process (its `CourierNode` calls
+    this there).
+
+    The update's compiles start first, in a thread, beside the rest of the start (the
+    state's restore, the policy's first compile: `CompileAhead`).
+
+    Args:
+      builder, env_factory, config, checkpoints, stop_rule: as for `make_program`.
+      replay: the replay node, where `make_program` added one: it holds the builder's own
+        table (`agent_table`), which then feeds the learner, or else, with
+        `config.unroll_queue == "replay"`, the unroll table through which unrolls go.
+    """
+    spec = env_factory.spec()
+    # On the host's CPU, as the state's init (`init_device`); uncommitted, so the learner
+    # and the policy still take them onto their devices.
+    with jax.default_device(init_device(jax.local_devices())):
+        learner_key, inference_key = jax.random.split(jax.random.PRNGKey(config.seed))
+    networks = builder.make_networks(spec)
+    table = agent_table(builder, spec)
+    client = None if replay is None else ReplayClient(replay)
+    learner = builder.make_learner(networks, spec, learner_key,
+                                   replay=None if table is None else client)
+    schedule = LearningRateSchedule.of(
+        builder, builder.make_training(networks, spec), config.total_env_steps)
+    queue_spec = builder.queue_spec()
+    wire = step_format(spec)
+    stop = runtime.stop_event()
+    feed, shapes = learner_feed(builder, spec, queue_spec, config, client, table, stop)
+    policy_compiled = threading.Event()
+    compiled = CompileAhead(learner, {size: wire.nest(batch) for size, batch in shapes.items()},
+                            after_first=policy_compiled, stop=stop, on_compiled=feed.allow)
+    checkpointer, counter = open_checkpoints(checkpoints, learner, config)
+    initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
+    inference = InferenceServer(
+        ServedPolicy(builder.make_policy(networks), learner.params, inference_key, spec,
+                     builder.extras_spec(spec), initial_state),
+        InferenceSettings(num_workers=config.env_groups, envs_per_worker=config.envs_per_group,
+                          unroll_length=queue_spec.unroll_length, overlap=queue_spec.overlap,
+                          timeout_s=config.inference_timeout_ms / 1000.0,
+                          shared_memory=config.transport == "shm"),
+        on_unroll=feed.put, stop=stop, on_steps=counter.add_env_steps, compiled=policy_compiled)
+    inference.set_params(learner.params, counter.snapshot().learner_steps)
+    batches = Prefetch(feed, lambda batch: learner.place(wire.nest(batch)), stop)
+    return LearnerNode(
+        inference, batches, LearnerUpdate(learner, compiled, schedule, config,
+                                          queue_spec.batch_size),
+        counter, stop_rule or StopRule.of(config),
+        LearnerStats(counter, inference, feed.size, config.log_every_s), checkpointer, stop,
+        learn=config.learn)
+
+
+def learner_feed(builder: Builder[Any], spec: EnvSpec | MultiAgentSpec, queue_spec: QueueSpec,
+                 config: ExperimentConfig, replay: ReplayClient | None, table: TableSpec | None,
+                 stop: StopEvent
+                 ) -> tuple[UnrollFeed | ReplayFeed, dict[int, dict[str, jax.ShapeDtypeStruct]]]:
+    """The learner's input, and the shapes of the batches it gives, by size, smallest first:
+    batches sampled from the builder's own replay `table` where it has one, else unrolls in
+    order (through `replay`'s unroll table with `config.unroll_queue == "replay"`)."""
+    if table is not None:
+        assert replay is not None, "make_program adds a replay node for the builder's table"
+        size = queue_spec.batch_size
+        return (ReplayFeed(replay, table.name, size, stop),
+                {size: ReplayFeed.batch_shapes(abstract_batch(builder, spec, queue_spec, size))})
+    sizes = batch_sizes(queue_spec, config)
+    feed = UnrollFeed(unroll_queue(queue_spec, config, replay), sizes, stop,
+                      {size: max_unrolls(queue_spec, config, size) for size in sizes})
+    return feed, {size: abstract_batch(builder, spec, queue_spec, size) for size in sizes}
+
+
+def abstract_batch(builder: Builder[Any], spec: EnvSpec | MultiAgentSpec, queue_spec: QueueSpec,
+                   batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes and dtypes of a batch of `batch_size` unrolls, as the feed gives it."""
+    return {name: jax.ShapeDtypeStruct(s.shape, s.dtype) for name, s in unroll_signature(
+        agent_step_specs(builder, spec), queue_spec.unroll_length, (batch_size,)).items()}
