@@ -19,6 +19,7 @@ from trellis.builders.contract.agent import Learner
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.schedule import LearningRateSchedule
 from trellis.launch.runtime.node_context import StopEvent
+from trellis.launch.runtime.priority import lower_thread_priority
 
 
 class NonFiniteLossError(RuntimeError):
@@ -122,9 +123,13 @@ class CompileAhead:
              on_compiled: Callable[[int], None]) -> None:
         try:
             for i, (size, batch) in enumerate(batches.items()):
-                while i == 1 and not after_first.wait(0.1):
-                    if stop.is_set():
-                        return  # The policy never compiled: the node is stopping.
+                if i == 1:
+                    while not after_first.wait(0.1):
+                        if stop.is_set():
+                            return  # The policy never compiled: the node is stopping.
+                    # The feed batches to the sizes compiled so far meanwhile: the larger
+                    # ones may wait for idle cores (on 2 cores they took the acting's).
+                    lower_thread_priority()
                 learner.compile(batch)
                 on_compiled(size)
                 self.first.set()

@@ -150,8 +150,14 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
     stop = runtime.stop_event()
     feed, shapes = learner_feed(builder, spec, queue_spec, config, client, table, stop)
     policy_compiled = threading.Event()
-    compiled = CompileAhead(learner, {size: wire.nest(batch) for size, batch in shapes.items()},
+    # Acting alone (`learn` off, the throughput benchmark's inference stage): no update to
+    # compile and no batch to place; batches are dropped as they come, of any size.
+    compiled = CompileAhead(learner, {size: wire.nest(batch) for size, batch in shapes.items()}
+                            if config.learn else {},
                             after_first=policy_compiled, stop=stop, on_compiled=feed.allow)
+    if not config.learn:
+        for size in shapes:
+            feed.allow(size)
     checkpointer, counter = open_checkpoints(checkpoints, learner, config)
     initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
     inference = InferenceServer(
@@ -163,7 +169,8 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
                           shared_memory=config.transport == "shm"),
         on_unroll=feed.put, stop=stop, on_steps=counter.add_env_steps, compiled=policy_compiled)
     inference.set_params(learner.params, counter.snapshot().learner_steps)
-    batches = Prefetch(feed, lambda batch: learner.place(wire.nest(batch)), stop)
+    batches = Prefetch(feed, (lambda batch: learner.place(wire.nest(batch))) if config.learn
+                       else (lambda batch: batch), stop)
     return LearnerNode(
         inference, batches, LearnerUpdate(learner, compiled, schedule, config,
                                           queue_spec.batch_size),
