@@ -89,7 +89,7 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
         f"mean return (last {summary['return_window']} episodes) {summary['mean_return']}"
     )
     print(f"summary: {os.path.join(run_dir, 'summary.json')}")
-    return summary["exit_code"]
+    return int(summary["exit_code"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trellis.builders.experiments.xla_flags import FAST_GPU_AUTOTUNE, xla_flags_unless_set
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    cores = contextlib.nullcontext()
+    cores: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if platform_of(argv) == ANAKIN:
         from trellis.builders.experiments.anakin_run import use_cpu_cores
 

@@ -19,6 +19,7 @@ import signal
 import sys
 import types
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -38,6 +39,9 @@ from trellis.launch.flags import (  # noqa: E402
     parse_groups,
     read_search,
 )
+
+if TYPE_CHECKING:  # Ray Tune is imported only once the command line is read.
+    from trellis.builders.experiments.tuning import SweepSpec
 
 _PROG = "tune.py"
 
@@ -89,7 +93,7 @@ def split_search(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return specs, rest
 
 
-def parse_sweep(argv: Sequence[str]):
+def parse_sweep(argv: Sequence[str]) -> tuple[SweepSpec, bool]:
     """(SweepSpec, restore) from tune.py's command line.
 
     Raises:
@@ -109,7 +113,8 @@ def parse_sweep(argv: Sequence[str]):
     if run.options.platform == ANAKIN:
         raise UsageError(f"--platform={ANAKIN} is not a trial platform of tune.py; use "
                          "local_mt, local_mp or ray")
-    known = {s.name: s for c in (run.experiment, run.agent) for s in settings(type(c))}
+    config_types: tuple[type, ...] = (type(run.experiment), type(run.agent))
+    known = {s.name: s for cls in config_types for s in settings(cls)}
     # The --config file's search section first: --search flags override it, name by name.
     from_file = read_search(run.options.config) if run.options.config else {}
     search = {}
@@ -145,7 +150,7 @@ def parse_sweep(argv: Sequence[str]):
         pbt=run.pbt, ray_address=run.options.ray_address), options.restore is not None
 
 
-def _exit_now(sweep_dir: str, signum: int, frame) -> None:
+def _exit_now(sweep_dir: str, signum: int, frame: types.FrameType | None) -> None:
     # Every process of the sweep is below this one: Ray's services, their agents and workers
     # (the trials) and the trials' own node processes. Some of Ray's agents outlive the
     # raylet when it is killed alone, so all of them go first.

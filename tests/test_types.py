@@ -1,7 +1,7 @@
 """mypy is clean on the packages pyproject's [tool.mypy] checks, and the wheel says so.
 
-The same command as `make lint`: `mypy` with its settings from pyproject.toml (strict on the
-runtime, the agent contract, the replay tables, the agents and the envs). Its cache
+The same command as `make lint`: `mypy` with its settings from pyproject.toml (strict on all of
+Trellis: the agents, the builders, the envs, the launchers and the replay tables). Its cache
 (.mypy_cache) makes a run after the first take a few seconds.
 """
 
@@ -45,12 +45,11 @@ def test_mypy_is_clean():
 
 
 def test_mypy_checks_the_strict_packages_strictly():
-    """What `make lint` checks: each listed package, under the strict override, none of its
+    """What `make lint` checks: every folder's package, under the strict override, none of its
     modules with their errors ignored (a package dropped from either list, or an
     `ignore_errors` override, would pass the run above unchecked)."""
     settings = _mypy_settings()
-    checked = {"trellis.launch.runtime", "trellis.builders.contract", "trellis.reverb_tables",
-               "trellis.agents", "trellis.envs"}
+    checked = {f"trellis.{folder}" for folder in FOLDERS}
     assert checked <= set(settings["packages"]), settings["packages"]
     strict = [o for o in settings["overrides"] if o.get("disallow_untyped_defs")]
     assert len(strict) == 1, strict

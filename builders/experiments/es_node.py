@@ -36,6 +36,7 @@ from trellis.builders.experiments.evaluation import Evaluator
 from trellis.builders.experiments.schedule import LearningRateSchedule, require_hparams
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.contract import EnvFactory, HostEnvFactory
+from trellis.envs.specs import EnvSpec
 from trellis.launch import runtime
 
 # Told generations' fitnesses kept for workers still to fetch them (one behind at most: the
@@ -124,6 +125,8 @@ class ESLearnerNode:
                  config: ExperimentConfig, checkpoints: Checkpoints | None = None,
                  stop_rule: StopRule | None = None):
         spec = env_factory.spec()
+        # `session.check_supported` runs population searches on single-agent envs only.
+        assert isinstance(spec, EnvSpec), spec
         networks = builder.make_networks(spec)
         self._learner = builder.make_learner(networks, spec, jax.random.PRNGKey(config.seed))
         self._schedule = LearningRateSchedule.of(
@@ -310,6 +313,7 @@ class ESWorker:
     def run(self) -> None:
         builder, learner = self._builder, self._learner
         spec = self._factory.spec()
+        assert isinstance(spec, EnvSpec), spec  # As ESLearnerNode's.
         networks = builder.make_networks(spec)
         search = builder.make_learner(networks, spec, jax.random.PRNGKey(0))
         training = builder.make_training(networks, spec)

@@ -31,6 +31,11 @@ from trellis.builders.experiments.schedule import LearningRateSchedule
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs import EnvFactory, JaxEnvFactory
 from trellis.envs.contract import is_jax
+from trellis.envs.specs import EnvSpec
+
+# play_population's loop state: (env states, timesteps, returns, lengths, running, key), the
+# first two as the env's own pytrees.
+_Carry = tuple[Any, Any, jax.Array, jax.Array, jax.Array, jax.Array]
 
 
 def play_population(env: Any, act: MemberPolicy, population: jax.Array, episodes: int,
@@ -54,7 +59,7 @@ def play_population(env: Any, act: MemberPolicy, population: jax.Array, episodes
     step = jax.vmap(jax.vmap(env.step))
     env_state, timestep = reset(jax.random.split(reset_key, (size, episodes)))
 
-    def body(carry):
+    def body(carry: _Carry) -> _Carry:
         env_state, timestep, returns, lengths, running, key = carry
         key, step_key = jax.random.split(key)
         actions = jax.vmap(act)(population, timestep.obs)  # [N, E, ...]
@@ -79,7 +84,10 @@ def make_generation(builder: PopulationSearch, env_factory: JaxEnvFactory
       (`generation(state) -> (state, returns [N, E], lengths [N, E], metrics)`, pure and
       jittable; the search).
     """
-    networks = builder.make_networks(env_factory.spec())
+    spec = env_factory.spec()
+    # `session.check_supported` runs population searches on single-agent envs only.
+    assert isinstance(spec, EnvSpec), spec
+    networks = builder.make_networks(spec)
     search = builder.make_search(networks)
     act = builder.make_member_policy(networks)
     env = env_factory.make()
@@ -125,6 +133,7 @@ class GenerationProgram:
                               f"{settings.updates_per_call}")
         generation, search = make_generation(builder, env_factory)
         spec = env_factory.spec()
+        assert isinstance(spec, EnvSpec), spec  # As make_generation's.
         self._schedule = LearningRateSchedule.of(
             builder, builder.make_training(builder.make_networks(spec), spec),
             config.total_env_steps)

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from trellis.builders.contract.agent import Builder
+from trellis.builders.contract.agent import Agent
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import (
     Checkpoints,
@@ -48,7 +48,7 @@ class ProgramRun:
         `make_training(...).init` makes (the learner node's).
     """
 
-    def __init__(self, builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
+    def __init__(self, builder: Agent[Any], env_factory: EnvFactory, config: ExperimentConfig,
                  run_dir: str, platform: HostPlatform, stop_rule: StopRule,
                  resume_step: int | None, make: Callable[..., runtime.Program] = make_program):
         if resume_step is not None:
@@ -72,8 +72,10 @@ class ProgramRun:
     def advance(self, timeout_s: float) -> Report | None:
         if self._running is None:
             self._launched_at, self._started = time.time(), time.monotonic()
-            self._running = runtime.launch(self._program, platform=self._platform.platform,
-                                           block=False, **self._platform.launch_options())
+            running = runtime.launch(self._program, platform=self._platform.platform,
+                                     block=False, **self._platform.launch_options())
+            assert isinstance(running, runtime.RunningProgram)  # What `block=False` returns.
+            self._running = running
             self._learner = self._program.handles("learner")[0].dereference()
         result = self._running.wait(timeout=timeout_s)
         if result is not None:

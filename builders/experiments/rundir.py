@@ -62,7 +62,8 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def read_json(path: str) -> dict[str, Any]:
     with open(path) as f:
-        return json.load(f)
+        data: dict[str, Any] = json.load(f)  # The run's files, each one JSON object.
+    return data
 
 
 def versions() -> dict[str, str | None]:
@@ -92,7 +93,7 @@ def git_commit(path: str | None = None) -> str | None:
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
     """The records of a run's metrics.jsonl (a torn last line, from a killed run, is skipped)."""
     path = os.path.join(run_dir, METRICS)
-    records = []
+    records: list[dict[str, Any]] = []
     if not os.path.exists(path):
         return records
     with open(path) as f:
@@ -161,8 +162,9 @@ class _NoTorchForThisThread(importlib.abc.MetaPathFinder):
         return None  # Not ours to find: the next finders look.
 
 
-def _summary_writer() -> type:
+def _summary_writer() -> Any:
     """tensorboardX's SummaryWriter, imported without PyTorch unless torch is imported already.
+    (Any: tensorboardX is unannotated.)
 
     tensorboardX imports torch wherever it is installed, only to accept torch tensors, which
     this writer never gets: on the H100 machine that made importing it take 3.2 s instead of

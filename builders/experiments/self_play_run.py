@@ -37,6 +37,8 @@ from trellis.builders.experiments.restore import RestoreError, Wanted, restore_s
 from trellis.builders.experiments.schedule import LearningRateSchedule
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs import EnvFactory
+from trellis.envs.contract import is_jax
+from trellis.envs.specs import EnvSpec
 
 
 def _check(builder: SelfPlayAgent, settings: Platform) -> None:
@@ -57,8 +59,12 @@ class SelfPlayProgram:
     against a baseline, the builder's `make_match`)."""
 
     def __init__(self, builder: SelfPlayAgent, env_factory: EnvFactory):
+        # `session.check_supported` runs self-play agents on two-player games only: pgx's,
+        # JAX envs with an EnvSpec (envs/contract.py: a MultiAgentSpec is MULTI_AGENT's).
+        assert is_jax(env_factory), env_factory.env_id
         self.env = env = env_factory.make()
         spec = env_factory.spec()
+        assert isinstance(spec, EnvSpec), spec
         self.builder, self.networks = builder, builder.make_networks(spec)
         self_play = builder.make_self_play(self.networks, spec, env)
         self.init, self.iterate = jax.jit(self_play.init), jax.jit(self_play.iterate)
@@ -176,6 +182,7 @@ class SelfPlayIterations:
         self._agent = builder.config
         self._program = SelfPlayProgram(builder, env_factory)
         spec = env_factory.spec()
+        assert isinstance(spec, EnvSpec), spec  # As SelfPlayProgram's.
         self._schedule = LearningRateSchedule.of(
             builder, builder.make_training(self._program.networks, spec), config.total_env_steps)
         if builder.config.eval_every_updates:  # A baseline that cannot play: before the start.

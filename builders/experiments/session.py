@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 from typing import Any
 
 import jax
@@ -84,6 +85,7 @@ from trellis.builders.experiments.schedule import (
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.contract import EnvFactory, Players
 from trellis.envs.objects import as_env_factory
+from trellis.envs.specs import EnvSpec
 from trellis.launch.runtime.launcher import STOP_SIGNALS
 
 # How long the session waits for a report at most, and by what factor env steps grow between
@@ -128,7 +130,7 @@ class Summary:
         return record
 
 
-def check_supported(builder: Agent, platform: str, env_factory: EnvFactory) -> None:
+def check_supported(builder: Agent[Any], platform: str, env_factory: EnvFactory) -> None:
     """Raises UnsupportedError when the agent does not provide its kind's protocol
     (`EXECUTIONS`), or its capabilities do not cover `platform`, or the env: who acts in it,
     as its factory declares (`players`, envs/contract.py): multi-agent envs are for
@@ -160,10 +162,12 @@ def check_supported(builder: Agent, platform: str, env_factory: EnvFactory) -> N
             f"{env} is a two-player game, which {name} does not learn (use --agent=alphazero)"
             if game else f"{name} learns by self-play in two-player games, e.g. "
             f"--env=pgx:tic_tac_toe; {env} is not one")
-    if capabilities.learns_from == EPISODES and env_factory.spec().pixels:
-        raise UnsupportedError(
-            f"{name} evolves an MLP on vector observations; {env} gives images (use an agent "
-            "with a conv torso, e.g. --agent=impala)")
+    if capabilities.learns_from == EPISODES:
+        spec = env_factory.spec()  # Only a single-agent spec says whether it gives images.
+        if isinstance(spec, EnvSpec) and spec.pixels:
+            raise UnsupportedError(
+                f"{name} evolves an MLP on vector observations; {env} gives images (use an "
+                "agent with a conv torso, e.g. --agent=impala)")
     if platform == ANAKIN and capabilities.recurrent:
         raise UnsupportedError(
             f"--platform=anakin runs feed-forward policies only; {name}'s policy is recurrent "
@@ -175,12 +179,13 @@ def check_supported(builder: Agent, platform: str, env_factory: EnvFactory) -> N
             "on the host only (use --platform=local_mp)")
 
 
-def check_hparams(builder: Agent, settings: Platform, env_factory: EnvFactory) -> None:
+def check_hparams(builder: Agent[Any], settings: Platform, env_factory: EnvFactory) -> None:
     """Raises UnsupportedError when the run sets hyper-parameters (a learning-rate schedule,
     `--member_hparams`, PBT) and the agent's `Training` gives no access to them."""
-    population = isinstance(settings, PopulationSettings)
-    asked = asked_hparams(builder, member_hparams=population and bool(settings.hparams),
-                          pbt=population and settings.pbt is not None)
+    population = settings if isinstance(settings, PopulationSettings) else None
+    asked = asked_hparams(builder,
+                          member_hparams=population is not None and bool(population.hparams),
+                          pbt=population is not None and population.pbt is not None)
     if asked is None:
         return
     spec = env_factory.spec()
@@ -190,7 +195,7 @@ def check_hparams(builder: Agent, settings: Platform, env_factory: EnvFactory) -
         raise UnsupportedError(str(e)) from None
 
 
-def check_env_buffers(builder: Agent, platform: str, config: ExperimentConfig) -> None:
+def check_env_buffers(builder: Agent[Any], platform: str, config: ExperimentConfig) -> None:
     """Raises UnsupportedError where `--env_buffers` > 1 has nothing to split: only the host
     platforms' env workers of gradient agents step at central inference."""
     if config.env_buffers == 1:
@@ -293,7 +298,7 @@ class Session:
             yield
             return
 
-        def on_signal(signum, frame):
+        def on_signal(signum: int, frame: FrameType | None) -> None:
             if not self._signalled.is_set():
                 # The launcher's handler says the same while the loop waits inside the program.
                 print(f"[run] {signal.Signals(signum).name}: stopping the run",
@@ -329,7 +334,7 @@ class Session:
             error=ending.error)
 
 
-def _gradient_execution(builder: Builder, env_factory: EnvFactory, config: ExperimentConfig,
+def _gradient_execution(builder: Builder[Any], env_factory: EnvFactory, config: ExperimentConfig,
                         run_dir: str, settings: Platform,
                         resume_from: tuple[int, Mapping[str, Any]] | None,
                         quiet: bool) -> Execution:
@@ -366,7 +371,7 @@ EXECUTIONS: dict[str, Kind] = {
 }
 
 
-def restore_run_member(builder: Agent, env_factory: EnvFactory, config: ExperimentConfig,
+def restore_run_member(builder: Agent[Any], env_factory: EnvFactory, config: ExperimentConfig,
                        wanted: Wanted) -> Member:
     """A member of the run `wanted` names, restored from its checkpoint as its agent's kind
     says (`EXECUTIONS`), to be played (launch/evaluate.py).
@@ -381,7 +386,7 @@ def restore_run_member(builder: Agent, env_factory: EnvFactory, config: Experime
 
 
 def run_experiment(
-    builder: Agent,
+    builder: Agent[Any],
     env_factory: EnvFactory | object,
     config: ExperimentConfig,
     run_dir: str,
@@ -494,10 +499,13 @@ def compile_cache(directory: str | None) -> Iterator[None]:
 
 
 def _asdict(obj: Any) -> Any:
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else repr(obj)
+    # A dataclass instance as its fields; anything else (a dataclass type too) as its repr.
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    return repr(obj)
 
 
-def _write_config(run_dir: str, builder: Agent, config: ExperimentConfig,
+def _write_config(run_dir: str, builder: Agent[Any], config: ExperimentConfig,
                   options: Mapping[str, Any], argv: list[str] | None,
                   resume_steps: int | None) -> None:
     """config.json: the run's settings (launch/flags.py reads them back) and its record."""

@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import matplotlib
 
@@ -38,6 +38,12 @@ from trellis.builders.experiments.checkpointing import CHECKPOINT_SUBDIR  # noqa
 from trellis.builders.experiments.pbt import Dimension, PBTConfig  # noqa: E402
 from trellis.builders.experiments.rundir import read_json, read_metrics, write_json  # noqa: E402
 from trellis.builders.experiments.session import run_experiment  # noqa: E402
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A config dataclass (the experiment's, an agent's).
+_Config = TypeVar("_Config", bound="DataclassInstance")
 
 SCHEDULERS = ("fifo", "asha", "pbt")
 SEARCH_ALGS = ("random", "grid", "optuna")
@@ -77,7 +83,7 @@ class SweepSpec:
 def with_hparams(spec: SweepSpec, hparams: dict[str, Any]) -> tuple[ExperimentConfig, Any]:
     """The experiment and agent configs of a trial: the spec's, with `hparams` set (each
     in the config that declares it; the configs validate the values)."""
-    def apply(config):
+    def apply(config: _Config) -> _Config:
         names = {f.name for f in dataclasses.fields(config)}
         return dataclasses.replace(config, **{k: v for k, v in hparams.items() if k in names})
     return apply(spec.experiment), apply(spec.agent_config)
@@ -172,7 +178,8 @@ def run_trial(hparams: dict[str, Any], spec: SweepSpec) -> None:
         agent_module(spec.agent).Builder(agent_config), spec.env_factory, experiment,
         run_dir, platform=spec.platform, quiet=True, resume=origin is not None,
         options=spec.options,
-        on_stats=_Reporter(run_dir, trial_id, spec.metric, origin and origin["step"],
+        on_stats=_Reporter(run_dir, trial_id, spec.metric,
+                           None if origin is None else origin["step"],
                            spec.pbt.pbt_interval if spec.scheduler == "pbt" else None))
     if summary["exit_code"] == 1:
         raise RuntimeError(f"trial {trial_id}: {summary.get('error')}")
@@ -270,7 +277,8 @@ def run_sweep(spec: SweepSpec, restore: bool = False) -> dict[str, Any]:
         else:
             tuner = _tuner(spec)
         results = tuner.fit()
-        trials = [_trial_record(spec, result) for result in results]
+        # By index: ResultGrid has __len__ and __getitem__, and no __iter__ in its annotations.
+        trials = [_trial_record(spec, results[i]) for i in range(len(results))]
     finally:
         if started_ray:
             ray.shutdown()
@@ -280,7 +288,7 @@ def run_sweep(spec: SweepSpec, restore: bool = False) -> dict[str, Any]:
     return summary
 
 
-def _trial_record(spec: SweepSpec, result: Any) -> dict[str, Any]:
+def _trial_record(spec: SweepSpec, result: tune.Result) -> dict[str, Any]:
     trial_id = os.path.basename(result.path)
     metrics = result.metrics or {}
     return {"trial_id": trial_id, "hparams": dict(result.config or {}),
