@@ -40,10 +40,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trellis.agents.common.replay import DeviceReplay
+from trellis.builders.contract.agent import Policy, State, Tree, Update
 from trellis.builders.contract.hparams import HyperParams, learning_rate_factor
 from trellis.builders.experiments.counter import CounterSnapshot
 from trellis.builders.experiments.device_episodes import Episodes, track_episodes, window_in_order
-from trellis.builders.experiments.device_pbt import exploits, pbt_round
+from trellis.builders.experiments.device_pbt import PBTEvent, exploits, pbt_round
 from trellis.builders.experiments.pbt import PopulationPBT
 from trellis.builders.experiments.schedule import NO_HPARAMS
 
@@ -70,11 +71,16 @@ class MemberState:
     train: Any
     env: Any
     pending: dict[str, jax.Array]
-    policy_state: dict[str, jax.Array]
+    policy_state: State
     episodes: Episodes
     key: jax.Array
     updates: jax.Array
     replay: DeviceReplay | None = None
+
+
+# What an unroll's scan carries from env step to env step: (envs' states, pending step,
+# policy state, episodes, key).
+_Carry = tuple[Any, dict[str, Tree], State, Episodes, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +126,9 @@ class Anakin:
     """
 
     env: Any
-    policy: Callable
-    init: Callable
-    update: Callable
+    policy: Policy
+    init: Callable[[jax.Array], Any]
+    update: Update
     initial_state: Mapping[str, np.ndarray]
     num_envs: int
     unroll_length: int
@@ -132,7 +138,8 @@ class Anakin:
     decay_env_steps: int | None = None
     hparams: HyperParams = dataclasses.field(default_factory=lambda: NO_HPARAMS)
 
-    def _act(self, params, key, timestep, policy_state):
+    def _act(self, params: Any, key: jax.Array, timestep: Any, policy_state: State
+             ) -> tuple[dict[str, Tree], State]:
         """The one policy call: the recorded step at `timestep` and the next policy state."""
         actions, extras, policy_state = self.policy(
             params, key, timestep.obs, policy_state, timestep.first)
@@ -157,7 +164,7 @@ class Anakin:
         return MemberState(train, env, pending, policy_state, episodes, key,
                            jnp.zeros((), jnp.int32), replay)
 
-    def _env_step(self, params, carry, _):
+    def _env_step(self, params: Any, carry: _Carry, _: None) -> tuple[_Carry, dict[str, Tree]]:
         env, pending, policy_state, episodes, key = carry
         key, env_key, act_key = jax.random.split(key, 3)
         env, timestep = jax.vmap(self.env.step)(
@@ -177,14 +184,15 @@ class Anakin:
         env, pending, policy_state, episodes, key = carry
         batch = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]),
                              member.pending, records)
-        return member.replace(env=env, pending=pending, policy_state=policy_state,
-                              episodes=episodes, key=key), batch
+        return dataclasses.replace(member, env=env, pending=pending, policy_state=policy_state,
+                                   episodes=episodes, key=key), batch
 
-    def member_update(self, member: MemberState, _=None) -> tuple[MemberState, dict]:
+    def member_update(self, member: MemberState, _: None = None
+                      ) -> tuple[MemberState, dict[str, jax.Array]]:
         """One unroll, then one update of the agent on it (or, off-policy, on minibatches
         sampled from the member's replay once it holds enough)."""
         member, batch = self.unroll(member)
-        member = member.replace(updates=member.updates + 1)
+        member = dataclasses.replace(member, updates=member.updates + 1)
         train, schedule = member.train, {}
         if self.decay_env_steps is not None:
             # In float32: int32 env steps would overflow at 2^31.
@@ -195,25 +203,28 @@ class Anakin:
                                                           schedule["learning_rate_factor"])
         if self.replay is None:
             train, metrics = self.update(train, batch)
-            return member.replace(train=train), {**metrics, **schedule}
+            return dataclasses.replace(member, train=train), {**metrics, **schedule}
         r = self.replay
+        assert member.replay is not None  # init_member makes one where `self.replay` is set.
         replay = member.replay.add(batch, r.n_step, r.discount)
         key, sample_key = jax.random.split(member.key)
 
-        def learn(train):
+        def learn(train: Any) -> tuple[Any, dict[str, jax.Array]]:
             return self.update(train, replay.sample(sample_key, r.updates_per_step,
                                                     r.sample_batch_size))
 
-        def wait(train):  # The update's metrics as zeros: both branches give one structure.
+        def wait(train: Any) -> tuple[Any, dict[str, jax.Array]]:
+            # The update's metrics as zeros: both branches give one structure.
             metrics = jax.eval_shape(learn, train)[1]
             return train, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics)
 
         train, metrics = jax.lax.cond(replay.size >= r.min_size, learn, wait, train)
         metrics = {**metrics, **schedule, "replay_size": replay.size.astype(jnp.float32)}
-        return member.replace(train=train, replay=replay, key=key), metrics
+        return dataclasses.replace(member, train=train, replay=replay, key=key), metrics
 
     def population_steps(self, population: MemberState, num_updates: int,
-                         pbt: PopulationPBT | None = None) -> tuple[MemberState, dict, dict]:
+                         pbt: PopulationPBT | None = None
+                         ) -> tuple[MemberState, dict[str, jax.Array], PBTEvent | None]:
         """`num_updates` updates of every member of `population` (its leaves [M, ...]), with
         a PBT round (`exploit_and_explore`) after every K-th update of the members' count.
 
@@ -223,14 +234,16 @@ class Anakin:
         """
         interval = pbt.interval_updates(self.unroll_length * self.num_envs) if pbt else 0
 
-        def body(population, _):
+        def body(population: MemberState, _: None
+                 ) -> tuple[MemberState, tuple[dict[str, jax.Array], PBTEvent | None]]:
             population, metrics = jax.vmap(self.member_update)(population)
             if pbt is None:
                 return population, (metrics, None)
             due = population.updates[0] % interval == 0  # Members update in lockstep.
             train, episodes, event = pbt_round(population.train, population.episodes,
                                                population.key[0], due, pbt, self.hparams)
-            return population.replace(train=train, episodes=episodes), (metrics, event)
+            population = dataclasses.replace(population, train=train, episodes=episodes)
+            return population, (metrics, event)
 
         population, (metrics, events) = jax.lax.scan(body, population, None,
                                                      length=num_updates)
@@ -297,8 +310,8 @@ class Population:
                  pbt: PopulationPBT | None = None):
         self.anakin = anakin
         self.num_members = int(keys.shape[0])
-        hparams = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
-        abstract = jax.eval_shape(jax.vmap(anakin.init_member), keys, hparams)
+        start = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
+        abstract = jax.eval_shape(jax.vmap(anakin.init_member), keys, start)
         self._sharding = _sharding_of(mesh, abstract)
         replicated = NamedSharding(mesh, PartitionSpec())
         step = jax.jit(
@@ -311,7 +324,7 @@ class Population:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             compiled = pool.submit(lambda: step.lower(abstract).compile())
             init = jax.jit(jax.vmap(anakin.init_member), out_shardings=self._sharding)
-            self.state = init(keys, hparams)
+            self.state = init(keys, start)
             self._step = compiled.result()
         self.env_steps_per_call = updates_per_call * anakin.unroll_length * anakin.num_envs
 

@@ -12,11 +12,14 @@ process killed mid-save (even with SIGKILL) leaves the previous checkpoints inta
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
+import types
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from trellis.agents.common import with_learning_rate_factor, without_learning_rate_factor
 from trellis.builders.contract.agent import Learner
@@ -46,9 +49,10 @@ def checkpoint_dir(run_dir: str) -> str:
     return os.path.abspath(os.path.join(run_dir, CHECKPOINT_SUBDIR))
 
 
-def _ocp():
-    # orbax is heavy (tensorstore, asyncio); imported only where checkpoints are used.
-    import orbax.checkpoint as ocp
+def _ocp() -> types.ModuleType:
+    # orbax is heavy (tensorstore, asyncio); imported only where checkpoints are used. It
+    # ships no annotations (no py.typed): a module, typed as one, whose names are Any.
+    ocp = importlib.import_module("orbax.checkpoint")
 
     # Without a target, orbax warns that restoring is "UNSAFE" across topologies; we validate
     # checkpoints on the machine that wrote them, so the warning would only confuse users.
@@ -74,7 +78,8 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        step: int | None = self._manager.latest_step()
+        return step
 
     def save(self, step: int, state: Any, progress: dict[str, Any]) -> bool:
         """Starts writing checkpoint `step` (env steps); False if that step is already saved.
@@ -232,7 +237,9 @@ def _fitting(directory: str, step: int | None, target: Any) -> Any:
     if saved == wanted:
         return target
     legacy = without_learning_rate_factor(target)
-    if jax.tree.structure(legacy) != jax.tree.structure(target) and saved == _shapes(legacy):
+    # (A target with no factor to drop is its own legacy form: its shapes are `wanted`, which
+    # were not `saved`.)
+    if saved == _shapes(legacy):
         return legacy
     raise CheckpointError(
         f"checkpoint {path} does not fit the state this run's settings make: "
@@ -248,7 +255,8 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
         return str(next(getattr(key, a) for a in ("key", "name", "idx") if hasattr(key, a)))
 
     def shape(leaf: Any) -> tuple[int, ...]:  # A typed PRNG key is saved as its key data.
-        if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
             return tuple(jax.eval_shape(jax.random.key_data, leaf).shape)
         return tuple(leaf.shape)
 

@@ -7,9 +7,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from trellis.builders.contract.agent import Builder, Policy
+from trellis.builders.contract.agent import Builder, Policy, State
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.envs.contract import HostEnvFactory
 from trellis.envs.multi_agent import MultiAgentStep, episode_done
@@ -19,7 +20,7 @@ from trellis.launch import runtime
 def run_episodes(
     policy: Policy,
     params: Any,
-    envs,
+    envs: Any,
     num_episodes: int,
     key: jax.Array,
     seed: int,
@@ -51,11 +52,14 @@ def run_episodes(
         obs, _ = obs
     returns = np.zeros(num_episodes, np.float64)
     running = np.ones(num_episodes, bool)
-    state, first = dict(initial_state), np.ones(num_episodes, bool)
+    # The policy's state and first flags as the contract's jax.Arrays (a jitted policy would
+    # move numpy's to the device anyway).
+    state: State = {name: jnp.asarray(x) for name, x in initial_state.items()}
+    first = jnp.ones(num_episodes, bool)
     while running.any() and not (should_stop is not None and should_stop()):
         key, step_key = jax.random.split(key)
         actions, _, state = policy(params, step_key, obs, state, first)
-        first = np.zeros(num_episodes, bool)  # One episode per env: no later starts count.
+        first = jnp.zeros(num_episodes, bool)  # One episode per env: no later starts count.
         if multi_agent:
             obs = envs.step(jax.tree.map(np.asarray, actions))
             reward = np.sum([obs.reward[a] for a in obs.reward], axis=0)
@@ -100,7 +104,7 @@ class Evaluator:
       config: `eval_every`, `eval_episodes`, `seed`.
     """
 
-    def __init__(self, builder: Builder, env_factory: HostEnvFactory, learner: Any,
+    def __init__(self, builder: Builder[Any], env_factory: HostEnvFactory, learner: Any,
                  config: ExperimentConfig):
         self._builder = builder
         self._factory = env_factory

@@ -57,7 +57,7 @@ class Prefetch:
     def __init__(self, feed: UnrollFeed | ReplayFeed,
                  prepare: Callable[[dict[str, np.ndarray]], Any], stop: StopEvent):
         self._feed, self._prepare, self._stop = feed, prepare, stop
-        self._ready: queue.Queue = queue.Queue(maxsize=1)
+        self._ready: queue.Queue[tuple[Any, np.ndarray | None]] = queue.Queue(maxsize=1)
         self._taken = threading.Event()  # The learner took the batch made ready last.
         self._error: BaseException | None = None
         # Not a daemon, as the inference server's thread (builders/experiments/inference.py

@@ -32,7 +32,7 @@ class HostPlatform:
     platform: str = "local_mt"
     ray_address: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.platform not in runtime.PLATFORMS:
             raise ValueError(f"unknown platform {self.platform!r}; choose one of: "
                              f"{', '.join(sorted(runtime.PLATFORMS))}")

@@ -46,7 +46,7 @@ class StopRule:
     return_window: int = 100
     every_member: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.total_env_steps < 1:
             raise ValueError(f"StopRule: total_env_steps must be >= 1, got {self.total_env_steps}")
         if self.return_window < 1:

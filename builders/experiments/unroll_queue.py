@@ -22,7 +22,7 @@ class LocalUnrollQueue:
     """In-process queue: inference and learner share the process, unrolls are not copied."""
 
     def __init__(self, max_unrolls: int):
-        self._queue: queue.Queue = queue.Queue(max_unrolls)
+        self._queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(max_unrolls)
 
     def put(self, unroll: dict[str, np.ndarray], timeout_s: float) -> bool:
         """Adds `unroll`; False if the queue stayed full for `timeout_s`."""
