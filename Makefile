@@ -54,7 +54,7 @@ MYPY_LINKS := $(VENV)/mypy_path/trellis
 FOLDERS := agents builders envs launch reverb_tables
 
 # ruff, the import layers (pyproject's [tool.importlinter] contracts), then mypy: strict on the
-# runtime and the agent contract ([tool.mypy]). mypy, not pyright: a wheel from PyPI that runs
+# whole library, its five folders ([tool.mypy]). mypy, not pyright: a wheel from PyPI that runs
 # offline, where pyright's PyPI package downloads Node.js at its first run.
 lint: setup
 	$(BIN)/ruff check .
