@@ -236,8 +236,10 @@ class InferenceServer:
             slots[name][workers] = value[:n].reshape(len(batch), k, *value.shape[1:])
         # Answer first: the workers step their envs while this thread records (from `inputs`,
         # since they overwrite their rows once answered).
+        answers = []
         for i, request in enumerate(batch):
-            request.actions = {name: v[i * k:(i + 1) * k] for name, v in actions.items()}
+            request.actions = answer = {name: v[i * k:(i + 1) * k] for name, v in actions.items()}
+            answers.append(answer)
             request.finish()
         host_rows: list[dict[str, np.ndarray]] = []  # The state rows, once fetched.
 
@@ -246,11 +248,10 @@ class InferenceServer:
                 host_rows.append(jax.device_get(state_rows))
             return {name: v[rows] for name, v in host_rows[0].items()}
 
-        for i, request in enumerate(batch):
+        for i, (request, answer) in enumerate(zip(batch, answers, strict=True)):
             rows = slice(i * k, (i + 1) * k)
             step = {name: v[rows] for name, v in inputs.items()}
-            assert request.actions is not None  # Answered above.
-            step.update(request.actions)
+            step.update(answer)
             step.update({name: v[rows] for name, v in extras.items()})
             self._recorder.record(request.worker_id, request.run_id, step,
                                   state=functools.partial(rows_of, rows), version=version)
