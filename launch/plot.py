@@ -1,10 +1,12 @@
 """Learning curves from run directories: `python launch/plot.py RUN_DIR [RUN_DIR ...]`.
 
 One run gives its return against env steps and against wall time (a population trained with
---platform=anakin --num_seeds=N: the members' mean with their min-max spread). Several runs
-are grouped by their settings (all but the seed); each group is drawn as the mean across its
-seeds with the min-max spread shaded, training return (mean over the last `return_window`
-episodes) on the left and the greedy evaluation return on the right.
+--platform=anakin --num_seeds=N: the members' interquartile mean with its 95% bootstrap
+confidence interval). Several runs are grouped by their settings (all but the seed); each group
+is drawn as the interquartile mean (IQM) across its seeds with its 95% percentile-bootstrap
+confidence interval shaded (Agarwal et al. 2021, rliable's reporting; docs/results.md's
+aggregate), training return (mean over the last `return_window` episodes) on the left and the
+greedy evaluation return on the right.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Learning curves from run directories: one run, or runs grouped by settings over seeds.
 
 One run gives its return against env steps and against wall time. Several runs are grouped
-by their settings (all but the seed); each group is drawn as the mean across its seeds with
-the min-max spread shaded, training return on the left and the greedy evaluation return on
-the right. `launch/plot.py` is the command line; `run_experiment` draws each run's curve.
+by their settings (all but the seed); each group is drawn as the interquartile mean (IQM)
+across its seeds with its 95% bootstrap confidence interval shaded (`aggregate`, rliable's
+reporting), training return on the left and the greedy evaluation return on the right.
+`launch/plot.py` is the command line; `run_experiment` draws each run's curve.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trellis.builders.experiments.aggregate import bootstrap_ci, interquartile_mean
 from trellis.builders.experiments.rundir import (
     AGENT_CONFIG,
     COMMAND_LINE,
@@ -103,7 +105,8 @@ def finish_run_dir(run_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
 
 def plot_run(run_dir: str, out: str | None = None) -> str:
     """Draws a run's learning curve (return vs env steps and vs wall time); for a population
-    (anakin's --num_seeds), the members' mean return with their min-max spread.
+    (anakin's --num_seeds), the members' interquartile mean with its 95% bootstrap confidence
+    interval.
 
     Args:
       run_dir: a run directory with metrics.jsonl.
@@ -125,12 +128,13 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     for ax, x, label in ((axes[0], "env_steps", "env steps"),
                          (axes[1], "wall_time_s", "wall time (s)")):
         members = _member_returns(records, x)
-        if members:  # An anakin population: the members' mean and their min-max spread.
+        if members:  # An anakin population: its members are seeds.
             xs, returns = members
-            line, = ax.plot(xs, returns.mean(1), label=f"training, mean of {returns.shape[1]} "
-                            f"members (each: last {_window(run_dir)} episodes; min-max shaded)")
-            ax.fill_between(xs, returns.min(1), returns.max(1), color=line.get_color(),
-                            alpha=0.2)
+            low, high = bootstrap_ci(returns.T)
+            line, = ax.plot(xs, interquartile_mean(returns.T), label=(
+                f"training, IQM of {returns.shape[1]} members (each: last {_window(run_dir)} "
+                "episodes; 95% CI shaded)"))
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2)
         else:
             xs, ys = _series(records, x, "return_mean")
             ax.plot(xs, ys, label=f"training (mean of last {_window(run_dir)} episodes)")
@@ -192,17 +196,21 @@ def _settings(run_dir: str) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if k not in _NOT_SETTINGS}
 
 
-def _mean_and_spread(curves: list[tuple[list[float], list[float]]], num: int = 200
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    end = min(xs[-1] for xs, _ in curves)  # Only where every seed has data.
+def seeds_aggregate(curves: list[tuple[list[float], list[float]]], num: int = 200
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The seeds' curves on a common grid of `num` points where every seed has data: (grid,
+    interquartile mean, and the ends of its 95% bootstrap confidence interval)."""
+    end = min(xs[-1] for xs, _ in curves)
     start = max(xs[0] for xs, _ in curves)
     grid = np.linspace(start, end, num) if end > start else np.array([start])
-    ys = np.stack([np.interp(grid, xs, ys) for xs, ys in curves])
-    return grid, ys.mean(0), ys.min(0), ys.max(0)
+    ys = np.stack([np.interp(grid, xs, ys) for xs, ys in curves])  # [seeds, num]
+    low, high = bootstrap_ci(ys)
+    return grid, interquartile_mean(ys), low, high
 
 
 def plot_runs(run_dirs: Sequence[str], out: str) -> str:
-    """Overlays runs: one line per group of seeds (mean) with its min-max spread.
+    """Overlays runs: one line per group of seeds (their interquartile mean) with its 95%
+    bootstrap confidence interval shaded.
 
     Raises:
       FileNotFoundError: a run directory has no metrics.
@@ -221,15 +229,15 @@ def plot_runs(run_dirs: Sequence[str], out: str) -> str:
     for dirs in groups.values():
         s = settings[dirs[0]]
         label = " ".join(f"{k}={s.get(k)}" for k in varying) or f"{s.get('agent')} {s.get('env')}"
-        label += f" ({len(dirs)} seed{'s' if len(dirs) > 1 else ''})"
+        label += (f" (IQM of {len(dirs)} seeds, 95% CI)" if len(dirs) > 1 else " (1 seed)")
         for ax, x, y in ((axes[0], "env_steps", "return_mean"),
                          (axes[1], "eval_env_steps", "eval_return_mean")):
             curves = [_series(read_metrics(d), x, y) for d in dirs]
             curves = [c for c in curves if c[0]]
             if not curves:
                 continue
-            grid, mean, low, high = _mean_and_spread(curves)
-            line, = ax.plot(grid, mean, label=label)
+            grid, iqm, low, high = seeds_aggregate(curves)
+            line, = ax.plot(grid, iqm, label=label)
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
     windows = sorted({str(_window(d)) for d in run_dirs})
     axes[0].set_title(f"training return (last {' or '.join(windows)} episodes)")
