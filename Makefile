@@ -2,23 +2,33 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps: `make run` installs only pyproject's core `dependencies` (its CartPole run needs
+# nothing else); `make setup`/`make test` install EXTRAS too, so a `make test` after a `make run`
+# adds the rest to the same .venv.
+CORE_STAMP := $(VENV)/.core
 STAMP := $(VENV)/.installed
 # The extras `make setup` installs: dev, plus the optional packages whose tests run in the
 # default suite. The dm-reverb environment below installs dev only (its JAX is too old for some).
 EXTRAS := dev,gymnax,brax,tune,envpool,popgym,es,search,marl,mujoco,playground,minatar
 
-.PHONY: setup run test test-slow test-reverb lint bench clean
+.PHONY: setup run test test-slow test-reverb lint docs bench clean
 
 setup: $(STAMP)
 
-# Re-installs when pyproject.toml changes; otherwise a no-op.
-$(STAMP): pyproject.toml setup.py Makefile
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
-	touch $(STAMP)
 
-run: setup
+# Each re-installs when pyproject.toml changes; otherwise a no-op. The full install holds the core.
+$(CORE_STAMP): pyproject.toml setup.py Makefile | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(STAMP): pyproject.toml setup.py Makefile | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@ $(CORE_STAMP)
+
+run: $(CORE_STAMP)
 	$(BIN)/python launch/run.py --agent=impala --platform=local_mp --env=CartPole-v1
 
 # Two pytest processes, each taking whole files (module fixtures compile once): most tests
@@ -48,20 +58,34 @@ test-reverb: $(REVERB_VENV)/.installed
 		tests/test_reverb_tables_native.py tests/test_replay_node.py tests/test_unroll_queue.py
 
 # mypy cannot follow the editable install's import hook (setuptools' PEP 660 finder), so it reads
-# `trellis` from links, trellis/<folder> -> <folder> as setup.py maps them, under the mypy_path of
-# pyproject's [tool.mypy] (tests/test_types.py makes the same links).
+# `trellis` from links, trellis/<folder> -> <folder> as setup.py maps them and trellis/<file> ->
+# the root package's files (trellis/), under the mypy_path of pyproject's [tool.mypy]
+# (tests/link_tree.py makes the same links for tests/test_types.py and tests/test_layers.py).
 MYPY_LINKS := $(VENV)/mypy_path/trellis
 FOLDERS := agents builders envs launch reverb_tables
+ROOT_FILES := __init__.py __main__.py py.typed
 
-# ruff, the import layers (pyproject's [tool.importlinter] contracts), then mypy: strict on the
+# ruff, the import layers (pyproject's [tool.importlinter] contracts, read from the links: the
+# folders of `trellis` in one tree), then mypy: strict on the
 # whole library, its five folders ([tool.mypy]). mypy, not pyright: a wheel from PyPI that runs
 # offline, where pyright's PyPI package downloads Node.js at its first run.
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/lint-imports
 	mkdir -p $(MYPY_LINKS)
 	for f in $(FOLDERS); do ln -sfn ../../../$$f $(MYPY_LINKS)/$$f; done
+	for f in $(ROOT_FILES); do ln -sfn ../../../trellis/$$f $(MYPY_LINKS)/$$f; done
+	cd $(VENV)/mypy_path && ../bin/lint-imports ../../pyproject.toml
 	$(BIN)/mypy
+
+# The docs site (mkdocs.yml: docs/ and the API reference from docstrings) into build/site, with
+# warnings as errors: a broken link or a docstring that does not parse fails it.
+DOCS_STAMP := $(VENV)/.docs
+$(DOCS_STAMP): pyproject.toml setup.py Makefile | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict
 
 bench: setup
 	$(BIN)/python benchmarks/throughput.py
