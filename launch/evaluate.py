@@ -1,11 +1,16 @@
 """Evaluates a run's checkpoint: `python launch/evaluate.py RUN_DIR [--episodes=N] [--video=DIR]`.
 
 Rebuilds the run's agent from the settings its config.json saved (launch/flags.py), restores
-the newest checkpoint (or --step) as the agent's kind says (builders/experiments/restore.py),
-plays N episodes with the greedy policy on fresh envs (a self-play agent: N games against a
-baseline) and prints the mean return (a line for people, then one JSON line for scripts). With
---video, episodes are recorded with Gymnasium's RecordVideo in the run's env (its kwargs and
-wrappers; the env must render rgb arrays; needs `pip install moviepy`).
+the newest checkpoint (or --step) as the agent's kind says (builders/experiments/restore.py,
+through launch/loaded_policy.py), plays N episodes with the greedy policy on fresh envs (a
+self-play agent: N games against a baseline) and prints the mean return (a line for people,
+then one JSON line for scripts). With --video=DIR, each episode is also written as
+DIR/step-S-episode-I.mp4, played in the run's env (its kwargs, wrappers and preprocessing) and
+drawn by its factory (every family that renders: Gymnasium ids, envpool's Atari with its raw
+screen, MinAtar, gymnax; builders/experiments/recording.py; needs the `video` extra).
+With --export=DIR, the greedy policy is written instead, as
+DIR/policy.jax (`jax.export`, params inside) and DIR/spec.json (launch/loaded_policy.py);
+existing files are kept unless --force.
 """
 
 from __future__ import annotations
@@ -26,9 +31,8 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 
 from trellis.builders.experiments.anakin_run import AnakinError  # noqa: E402
 from trellis.builders.experiments.checkpointing import CheckpointError  # noqa: E402
-from trellis.builders.experiments.restore import RestoreError, Wanted  # noqa: E402
-from trellis.builders.experiments.session import restore_run_member  # noqa: E402
-from trellis.launch.flags import UsageError, load_run  # noqa: E402
+from trellis.launch.flags import UsageError  # noqa: E402
+from trellis.launch.loaded_policy import load_policy, restore  # noqa: E402
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -49,7 +53,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="self-play runs (alphazero): the baseline the games are against "
                    "(random, mcts, minimax; default: the run's eval_opponent)")
     p.add_argument("--video", default=None, metavar="DIR",
-                   help="record the episodes as videos into DIR (one env, rgb_array rendering)")
+                   help="also write each episode as an MP4 into DIR (one env at a time, drawn "
+                   "by the env's factory; the video extra)")
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="write the greedy policy to DIR/policy.jax (jax.export, params inside) "
+                   "and DIR/spec.json instead of playing")
+    p.add_argument("--force", action="store_true",
+                   help="--export: overwrite DIR's policy.jax and spec.json")
     args = p.parse_args(argv)
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
@@ -66,29 +76,39 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     learner_steps, ...} (a population's member; a self-play run's opponent and win, draw and
     loss rates)."""
     try:  # The run's saved settings, as the run used them: no flags, no defaults re-parsed.
-        settings = load_run(args.run_dir)
-        builder, env_factory = settings.build()
-    except (UsageError, ValueError) as e:  # ValueError: an extra the run needs is missing.
-        raise _Error(str(e)) from e
-    wanted = Wanted(args.run_dir, settings.options.platform, settings.options.num_seeds,
-                    args.step, args.member, args.opponent)
-    try:
-        member = restore_run_member(builder, env_factory, settings.experiment, wanted)
+        member = restore(args.run_dir, args.step, args.member, args.opponent).member
         result = (member.record(args.episodes, args.seed, args.video) if args.video
                   else member.play(args.episodes, args.seed))
-    except (RestoreError, CheckpointError, AnakinError) as e:
+    # ValueError: an extra the run needs is missing (RestoreError is one).
+    except (UsageError, ValueError, CheckpointError, AnakinError) as e:
         raise _Error(str(e)) from e
     return {**result, "checkpoint_env_steps": member.step,
             "learner_steps": member.progress.get("learner_steps")}
 
 
+def export(args: argparse.Namespace) -> dict[str, Any]:
+    """Writes the run's greedy policy to `args.export` (`LoadedPolicy.export`); returns
+    {export, spec, checkpoint_env_steps}."""
+    try:
+        policy = load_policy(args.run_dir, args.step, args.member)
+        path = policy.export(args.export, force=args.force)
+    except (UsageError, ValueError, CheckpointError, AnakinError) as e:  # LoadError is one.
+        raise _Error(str(e)) from e
+    return {"export": path, "spec": policy.export_spec(), "checkpoint_env_steps": policy.step}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        result = evaluate(args)
+        result = export(args) if args.export else evaluate(args)
     except _Error as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
+    if args.export:
+        print(f"exported the greedy policy at {result['checkpoint_env_steps']:,d} env steps to "
+              f"{result['export']} (spec.json beside it)")
+        print(json.dumps(result))
+        return 0
     print(f"mean return {result['return_mean']:.2f} over {result['episodes']} episodes "
           f"(min {result['return_min']:.1f}, max {result['return_max']:.1f}); checkpoint at "
           f"{result['checkpoint_env_steps']:,d} env steps"

@@ -18,6 +18,7 @@ import os
 import sys
 import types
 from collections.abc import Sequence
+from typing import Any
 
 if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/architecture.md.
     _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,50 +38,90 @@ from trellis.builders.experiments.rundir import (  # noqa: E402
 from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse, platform_of  # noqa: E402
 
 
-def train(run: RunSettings, argv: Sequence[str]) -> int:
-    """Runs the experiment of `run` (parsed from `argv`); returns the exit code (2: bad input)."""
+class RunError(Exception):
+    """A run that cannot start or resume as asked: one line for the user, exit code 2."""
+
+
+def execute(run: RunSettings, argv: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """Runs the experiment of `run` (parsed from `argv`) in its run directory: the command
+    line's and `trellis.train`'s one path (launch/api.py).
+
+    Returns:
+      (the run directory, the run's summary).
+
+    Raises:
+      RunError: bad input found once the agent or env is built, or a run directory that cannot
+        be used (holds a run, is in use, has no checkpoint to resume).
+    """
     from trellis.builders.contract.policy_mapping import PolicyMappingError
     from trellis.builders.experiments.anakin_run import AnakinError
     from trellis.builders.experiments.checkpointing import CheckpointError
+    from trellis.builders.experiments.recording import check_recordable
     from trellis.builders.experiments.session import (
         UnsupportedError,
         compile_cache,
         compile_cache_dir,
         run_experiment,
     )
+    from trellis.builders.experiments.tracking import backend, tracked
     from trellis.envs.errors import UnknownEnvError
 
     try:
         builder, env_factory = run.build()
+        # Before anything starts (ValueErrors both): a tracker's or the video's extra missing,
+        # an env that does not render.
+        if run.options.track is not None:
+            backend(run.options.track)
+        if run.experiment.video:
+            check_recordable(env_factory)
     except ValueError as e:
-        print(f"run.py: error: {e}", file=sys.stderr)
-        return 2
+        raise RunError(str(e)) from e
     options = run.options
     if (options.logdir is not None and options.resume is None
             and os.path.exists(os.path.join(options.logdir, CONFIG))):
         # Its metrics, checkpoints and summary would mix with this run's.
-        print(f"run.py: error: --logdir={options.logdir} holds a run already ({CONFIG}): "
-              f"--resume={options.logdir} continues it; a new run needs a new directory",
-              file=sys.stderr)
-        return 2
+        raise RunError(f"--logdir={options.logdir} holds a run already ({CONFIG}): "
+                       f"--resume={options.logdir} continues it; a new run needs a new directory")
     run_dir = options.logdir or new_run_dir(options.agent, options.env)
     cache = None if options.no_compile_cache else compile_cache_dir(run_dir)
     try:
-        with claim(run_dir), compile_cache(cache):
+        with claim(run_dir), compile_cache(cache), tracked(options.track, run_dir) as tracker:
             summary = run_experiment(
                 builder, env_factory, run.experiment, run_dir, platform=run.platform(),
                 quiet=options.quiet,
                 resume=options.resume is not None, options=run.saved_options(),
-                argv=list(argv))
+                argv=list(argv), tracker=tracker)
+            if run.experiment.video and summary["exit_code"] == 0:
+                final_video(run, builder, env_factory, run_dir)
     except CheckpointError as e:
-        print(f"run.py: error: --resume: {e}", file=sys.stderr)
-        return 2
-    except RunDirInUse as e:
-        print(f"run.py: error: {e}", file=sys.stderr)
-        return 2
+        raise RunError(f"--resume: {e}") from e
     # UnknownEnvError: a package an env's module needs (pettingzoo's pistonball: pymunk) is
     # found missing only when the checks make an env.
-    except (AnakinError, UnsupportedError, PolicyMappingError, UnknownEnvError) as e:
+    except (RunDirInUse, AnakinError, UnsupportedError, PolicyMappingError,
+            UnknownEnvError) as e:
+        raise RunError(str(e)) from e
+    return run_dir, summary
+
+
+def final_video(run: RunSettings, builder: Any, env_factory: Any, run_dir: str) -> None:
+    """Records one episode of the run's final checkpoint (its first member's) into
+    RUN_DIR/videos/ (`--video`), with the evaluator's seed: every platform and kind, the
+    anakin platform's too, which has no evaluator node."""
+    from trellis.builders.experiments.evaluation import evaluation_seed
+    from trellis.builders.experiments.restore import Wanted
+    from trellis.builders.experiments.rundir import VIDEOS
+    from trellis.builders.experiments.session import restore_run_member
+
+    wanted = Wanted(run_dir, run.options.platform, run.options.num_seeds)
+    member = restore_run_member(builder, env_factory, run.experiment, wanted)
+    member.record(1, evaluation_seed(run.experiment.seed), os.path.join(run_dir, VIDEOS))
+
+
+def train(run: RunSettings, argv: Sequence[str]) -> int:
+    """Runs the experiment of `run` (parsed from `argv`); returns the exit code (2: bad input)."""
+    try:
+        run_dir, summary = execute(run, argv)
+    except RunError as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return 2
     print(
@@ -92,18 +133,26 @@ def train(run: RunSettings, argv: Sequence[str]) -> int:
     return int(summary["exit_code"])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: parses `argv` (default: sys.argv), trains; returns the exit code."""
+def launching(argv: Sequence[str]) -> contextlib.ExitStack:
+    """What a run of `argv` is parsed and launched within: anakin's CPU cores where the platform
+    is anakin, and JAX's GPU autotuning flags unless set (for the command line and
+    `trellis.train`)."""
     from trellis.builders.experiments.xla_flags import FAST_GPU_AUTOTUNE, xla_flags_unless_set
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    cores: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    stack = contextlib.ExitStack()
     if platform_of(argv) == ANAKIN:
         from trellis.builders.experiments.anakin_run import use_cpu_cores
 
-        cores = use_cpu_cores()
+        stack.enter_context(use_cpu_cores())
+    stack.enter_context(xla_flags_unless_set(FAST_GPU_AUTOTUNE))
+    return stack
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: parses `argv` (default: sys.argv), trains; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     # Entered before parsing: checking a gymnax id starts JAX.
-    with cores, xla_flags_unless_set(FAST_GPU_AUTOTUNE):
+    with launching(argv):
         try:
             run = parse(argv, prog="run.py", description=__doc__.splitlines()[0])
         except UsageError as e:

@@ -5,7 +5,6 @@ Trellis: the agents, the builders, the envs, the launchers and the replay tables
 (.mypy_cache) makes a run after the first take a few seconds.
 """
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -15,20 +14,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10: mypy's own TOML reader, installed with it.
     import tomli as tomllib
 
+from tests.link_tree import FOLDERS, link_tree
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# setup.py's folders, each `trellis.<folder>`.
-FOLDERS = ("agents", "builders", "envs", "launch", "reverb_tables")
-
-
-def _link_tree() -> None:
-    """The links mypy reads `trellis` from (the Makefile's lint target makes the same ones):
-    mypy cannot follow the editable install's import hook."""
-    links = REPO / ".venv" / "mypy_path" / "trellis"
-    links.mkdir(parents=True, exist_ok=True)
-    for folder in FOLDERS:
-        link = links / folder
-        if not link.is_symlink():
-            os.symlink(pathlib.Path("..", "..", "..", folder), link)
 
 
 def _mypy_settings() -> dict:
@@ -37,7 +25,7 @@ def _mypy_settings() -> dict:
 
 
 def test_mypy_is_clean():
-    _link_tree()
+    link_tree()
     mypy = pathlib.Path(sys.executable).with_name("mypy")
     out = subprocess.run([str(mypy)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
@@ -51,6 +39,7 @@ def test_mypy_checks_the_strict_packages_strictly():
     settings = _mypy_settings()
     checked = {f"trellis.{folder}" for folder in FOLDERS}
     assert checked <= set(settings["packages"]), settings["packages"]
+    assert {"trellis", "trellis.__main__"} <= set(settings["modules"]), settings["modules"]
     strict = [o for o in settings["overrides"] if o.get("disallow_untyped_defs")]
     assert len(strict) == 1, strict
     assert {f"{p}.*" for p in checked} <= set(strict[0]["module"]), strict[0]["module"]
@@ -62,9 +51,10 @@ def test_mypy_checks_the_strict_packages_strictly():
 
 
 def test_every_folder_ships_py_typed():
-    """PEP 561: the wheel's five packages each carry `py.typed` (setup.py's package_data), so
-    a user's type checker reads Trellis's annotations."""
-    for folder in FOLDERS:
+    """PEP 561: the wheel's root package and its five folders each carry `py.typed` (setup.py's
+    package_data), so a user's type checker reads Trellis's annotations."""
+    for folder in ("trellis", *FOLDERS):
         assert (REPO / folder / "py.typed").is_file(), folder
     setup = (REPO / "setup.py").read_text()
-    assert 'package_data={f"trellis.{f}": ["py.typed"] for f in FOLDERS}' in setup
+    assert ('package_data={"trellis": ["py.typed"], **{f"trellis.{f}": ["py.typed"] for f in '
+            'FOLDERS}}') in setup

@@ -1,0 +1,133 @@
+"""The Python API, for notebooks and scripts: `trellis.train(...)` and `trellis.load(run_dir)`.
+
+    import trellis
+    run = trellis.train(agent="ppo", env="CartPole-v1", platform="local_mt",
+                        stop_at_return=450)
+    run.summary["mean_return"], run.metrics[-1]["env_steps"]
+    policy = trellis.load(run.directory)
+    action = policy(observation)
+    policy.export("exported/")
+
+`train` takes the command line's settings as keyword arguments (`learning_rate=1e-3` is
+`--learning_rate=1e-3`) and runs the command line's own path (launch/run.py's `execute`): the
+same validation, presets and platform defaults, the same run directory, config.json and
+summary. An env is an id, or an object `envs.as_env_factory` takes (a Gymnasium env
+constructor, a gymnax, Brax, Playground or JaxMARL-API env, an env factory): it is registered
+in this process under the id its factory names, which the run's config.json records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from trellis.builders.experiments.rundir import METRICS, new_run_dir
+from trellis.envs import register
+from trellis.envs.objects import as_env_factory
+from trellis.launch import run as run_command
+from trellis.launch.flags import parse
+from trellis.launch.flags.values import shown
+from trellis.launch.loaded_policy import LoadedPolicy, load_policy
+
+__all__ = ["LoadedPolicy", "Run", "load", "train"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A finished run (`train`'s result).
+
+    Attributes:
+      directory: the run directory (config.json, metrics.jsonl, checkpoints, summary.json).
+      summary: summary.json's record: stopped_by, env_steps, mean_return, exit_code, ...
+    """
+
+    directory: str
+    summary: Mapping[str, Any]
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """metrics.jsonl's records, one per log interval (env_steps, return_mean, ...)."""
+        with open(os.path.join(self.directory, METRICS)) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def load(self, **kwargs: Any) -> LoadedPolicy:
+        """`load(self.directory, **kwargs)`."""
+        return load(self.directory, **kwargs)
+
+
+def train(agent: str = "impala", env: object = "CartPole-v1", platform: str | None = None,
+          **settings: Any) -> Run:
+    """Trains `agent` on `env` until the settings say stop, as `run.py` would.
+
+    Args:
+      agent: an agent's name (--agent).
+      env: an env id (--env), or an env object (see the module docstring).
+      platform: local_mt, local_mp, ray or anakin (--platform); None: the command line's
+        default.
+      **settings: any of the command line's settings by name (`run.py --agent=AGENT --help`
+        lists them), e.g. `stop_at_return=450`, `logdir="runs/mine"`, `quiet=True`;
+        `env_kwargs` may be a dict.
+
+    Returns:
+      The run: its directory and summary (`Run`).
+
+    Raises:
+      trellis.launch.flags.UsageError: a bad setting (one line naming it and what is allowed).
+      trellis.launch.run.RunError: the run cannot start (its directory holds a run, ...).
+      TypeError: `env` is neither an id nor an env object.
+    """
+    values: dict[str, Any] = {"agent": agent, "env": env_id(env), **settings}
+    if platform is not None:
+        values["platform"] = platform
+    if values.get("logdir") is None and values.get("resume") is None:
+        # run.py's default directory, named here so that it is known if the run fails.
+        values["logdir"] = new_run_dir(agent, values["env"])
+    argv = [f"--{name}={_text(value)}" for name, value in values.items()]
+    with run_command.launching(argv):
+        run_dir, summary = run_command.execute(parse(argv, prog="trellis.train"), argv)
+    return Run(run_dir, summary)
+
+
+def load(run_dir: str, *, env: object = None, step: int | None = None, member: int = 0,
+         seed: int = 0) -> LoadedPolicy:
+    """The trained policy of a run directory (launch/loaded_policy.LoadedPolicy): `policy(obs)`
+    acts, `policy.export(DIR)` writes it for jax alone.
+
+    Args:
+      run_dir: the run directory.
+      env: the env object a run was trained on, when this process has not registered it (an
+        env id needs nothing).
+      step: the checkpoint's env steps; None: the newest.
+      member: an anakin population's member (an evolution strategy's: its mean).
+      seed: the key of sampled actions (`policy(obs, sample=True)`).
+
+    Raises:
+      trellis.launch.flags.UsageError: no run in `run_dir` (config.json missing or invalid).
+      trellis.launch.loaded_policy.LoadError: an agent without a policy of observations
+        (AlphaZero searches).
+      builders.experiments.restore.RestoreError, .checkpointing.CheckpointError: no checkpoint
+        (or not `step`).
+    """
+    if env is not None:
+        env_id(env)
+    return load_policy(run_dir, step, member, seed)
+
+
+def env_id(env: object) -> str:
+    """The id of `env` for the command line's --env: an id as it is; an env object's factory's
+    id, under which the factory is registered in this process (`envs.register`)."""
+    if isinstance(env, str):
+        return env
+    factory = as_env_factory(env)
+    register(factory.env_id, lambda _: factory)
+    return factory.env_id
+
+
+def _text(value: Any) -> str:
+    """A setting's value as its flag's text."""
+    if isinstance(value, Mapping):  # env_kwargs: a JSON object.
+        return json.dumps(dict(value))
+    return shown(tuple(value) if isinstance(value, list) else value)
