@@ -54,7 +54,10 @@ def setting(
     Args:
       default: the field's default (immutable: use a tuple, not a list).
       help: one line for `--help` and the docs.
-      ge, gt, le, lt: bounds (>=, >, <=, <) on the value, or on each item of a tuple.
+      ge: a bound (>=) on the value, or on each item of a tuple.
+      gt: a bound (>) on the same.
+      le: a bound (<=) on the same.
+      lt: a bound (<) on the same.
       choices: the only values allowed (for strings, usually).
 
     Returns:
