@@ -11,10 +11,11 @@ fit the env, in one line, before anything starts.
 
 `EnvFactory` is what the experiment layer needs of every factory; `HostEnvFactory` and
 `JaxEnvFactory` add what only that kind has, and `is_host` / `is_jax` narrow a factory to its
-kind from its declaration. A factory of one's own need not inherit from anything: it has the
-members (tests/test_env_contract.py checks Trellis's with `isinstance`, mypy checks them
-through `envs/registry.py`), and `envs.registry.register` makes its ids reachable from
-`--env`.
+kind from its declaration. Rendering is a capability of either kind (`RecordedHostEnvFactory`,
+`RenderedJaxEnvFactory`): a factory that has it can be watched as a video. A factory of one's
+own need not inherit from anything: it has the members (tests/test_env_contract.py checks
+Trellis's with `isinstance`, mypy checks them through `envs/registry.py`), and
+`envs.registry.register` makes its ids reachable from `--env`.
 
 Nothing heavy here: env workers import this module, and they must not load JAX.
 """
@@ -89,6 +90,37 @@ class JaxEnvFactory(EnvFactory, Protocol):
         """The env as pure functions of JAX arrays: an envs.jax_env.JaxEnv (one agent), an
         envs.jax_multi_agent.MultiAgentJaxEnv (several) or pgx's Env (a two-player game).
         (Any: three APIs, told apart by `players`.)"""
+
+
+@runtime_checkable
+class RecordedHostEnvFactory(HostEnvFactory, Protocol):
+    """A host factory whose envs can be watched (videos: builders/experiments/recording.py)."""
+
+    def make_recorded(self, seed: int) -> Any:
+        """One env as `make_vector(1, seed)` gives it (so a policy sees what it saw in
+        training: the factory's own preprocessing), that also renders: its `render()` gives
+        one picture per env of where it is now, each uint8 [H, W, 3] (Gymnasium's vector envs'
+        call; Atari's is the raw screen, not the preprocessed observation)."""
+
+
+@runtime_checkable
+class RenderedJaxEnvFactory(JaxEnvFactory, Protocol):
+    """A JAX factory whose envs can be watched (videos: builders/experiments/recording.py)."""
+
+    def render(self, state: Any) -> Any:
+        """The picture of one env's state (of `make()`'s env, not batched) on the host: a
+        numpy uint8 [H, W, 3] array.
+
+        Raises:
+          envs.errors.UnknownEnvError: this id of the family does not render (one line
+            naming those that do).
+        """
+
+
+def records_video(factory: EnvFactory) -> bool:
+    """Whether `factory` declares rendering for its kind (host or JAX envs)."""
+    return isinstance(factory, RenderedJaxEnvFactory if factory.jax_native
+                      else RecordedHostEnvFactory)
 
 
 def is_jax(factory: EnvFactory) -> TypeGuard[JaxEnvFactory]:

@@ -34,7 +34,6 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from trellis.envs.contract import Players
@@ -128,6 +127,12 @@ class EnvpoolVector:
         info[GAME_OVER] = game_over
         return obs, reward, terminated, truncated, info
 
+    def render(self) -> np.ndarray:
+        """The envs' pictures now, uint8 [N, H, W, 3] (a pool made with
+        render_mode="rgb_array")."""
+        frames: np.ndarray = self._pool.render(env_ids=np.arange(self.num_envs))
+        return frames
+
     def close(self) -> None:
         self._pool.close()
 
@@ -174,18 +179,21 @@ class EnvpoolFactory:
         kwargs.update(self.options)
         return kwargs
 
-    def make_vector(self, num_envs: int, seed: int) -> EnvpoolVector:
-        """`num_envs` envs of the task in one pool seeded with `seed`, reset."""
+    def make_vector(self, num_envs: int, seed: int, **render: Any) -> EnvpoolVector:
+        """`num_envs` envs of the task in one pool seeded with `seed`, reset; `render`:
+        envpool's rendering arguments (`make_recorded`'s)."""
         kwargs = self._kwargs()
         envs = EnvpoolVector(_envpool().make(self.task, env_type="gymnasium",
-                                             num_envs=num_envs, seed=seed, **kwargs),
+                                             num_envs=num_envs, seed=seed, **kwargs, **render),
                              episodic_life=bool(kwargs.get("episodic_life")))
         envs.reset()
         return envs
 
-    def make(self, seed: int | None = None) -> gym.Env[Any, Any]:
-        raise UnknownEnvError(f"{self.env_id}: envpool envs come in batches for env workers; "
-                              f"for a single env (evaluate.py's video) use the Gymnasium id")
+    def make_recorded(self, seed: int) -> EnvpoolVector:
+        """A pool of one env, as `make_vector` makes it (the policy sees the task's own
+        preprocessing: Atari's stacked grey frames), rendering rgb arrays: Atari's raw screen
+        (the env contract's `RecordedHostEnvFactory`)."""
+        return self.make_vector(1, seed, render_mode="rgb_array")
 
     def reward_threshold(self) -> float | None:
         """The task's reward_threshold where envpool gives one (classic control)."""

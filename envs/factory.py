@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any, cast
@@ -236,6 +237,20 @@ class GymnasiumFactory:
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset != gym.vector.AutoresetMode.NEXT_STEP:
             raise RuntimeError(f"{self.env_id}: expected NEXT_STEP autoreset, got {autoreset}")
+        envs.reset(seed=seed)
+        return envs
+
+    def make_recorded(self, seed: int) -> gym.vector.SyncVectorEnv:
+        """One env as a vector env of one, rendering rgb arrays (the env contract's
+        `RecordedHostEnvFactory`): the env `make` builds, as `make_vector`'s sync envs are
+        (an id's own vectorised implementation gives the same observations).
+
+        Raises:
+          gymnasium.error.Error: the env does not render rgb arrays.
+        """
+        envs = gym.vector.SyncVectorEnv(
+            [functools.partial(self.make, render_mode="rgb_array")],
+            autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         envs.reset(seed=seed)
         return envs
 

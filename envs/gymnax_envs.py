@@ -12,21 +12,50 @@ rendering libraries its envs import (`_Deferred`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
 
 import gymnasium
+import numpy as np
 
 from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
+from trellis.envs.minatar_envs import planes_frame
 from trellis.envs.specs import EnvSpec, spec_from_spaces
 
 if TYPE_CHECKING:  # Its module loads JAX, which env workers importing this one must not.
     from trellis.envs.jax_env import JaxEnv
 
 PREFIX = "gymnax:"
+
+
+# The classic-control ids Gymnasium draws (its env of the same id, set to gymnax's state): the
+# fields of gymnax's state that make Gymnasium's `state`, in its order.
+_GYMNASIUM_DRAWN = {
+    "CartPole-v1": ("x", "x_dot", "theta", "theta_dot"),
+    "Pendulum-v1": ("theta", "theta_dot"),
+    "Acrobot-v1": ("joint_angle1", "joint_angle2", "velocity_1", "velocity_2"),
+    "MountainCar-v0": ("position", "velocity"),
+    "MountainCarContinuous-v0": ("position", "velocity"),
+}
+_MINATAR_SUFFIX = "-MinAtar"  # Drawn from their observation, MinAtar's planes.
+
+
+@functools.cache
+def _gymnasium_drawing(gymnax_id: str) -> gymnasium.Env[Any, Any]:
+    """Gymnasium's env of `gymnax_id`, rendering rgb arrays: made once per process."""
+    env = gymnasium.make(gymnax_id, render_mode="rgb_array")
+    env.reset(seed=0)
+    return env
+
+
+@functools.cache
+def _gymnax_env(gymnax_id: str) -> Any:
+    """gymnax's env of `gymnax_id` (its `get_obs`), made once per process."""
+    return _gymnax().make(gymnax_id)[0]
 
 
 class GymnaxUnavailableError(UnknownEnvError):
@@ -112,6 +141,26 @@ class GymnaxFactory:
         self.validate()
         env, params = _gymnax().make(self.gymnax_id)
         return JaxEnv(env, params.replace(**dict(self.params)) if self.params else params)
+
+    def render(self, state: Any) -> np.ndarray:
+        """The picture of one env's `JaxEnv` state (the env contract's
+        `RenderedJaxEnvFactory`): classic control drawn by Gymnasium's renderer of the same
+        id, set to the state; MinAtar's games as their planes (`minatar_envs.planes_frame`).
+
+        Raises:
+          UnknownEnvError: another gymnax id (they have no renderer here).
+        """
+        if self.gymnax_id in _GYMNASIUM_DRAWN:
+            env = _gymnasium_drawing(self.gymnax_id)
+            drawn: Any = env.unwrapped  # Each classic-control env keeps its `state` there.
+            drawn.state = np.array(
+                [float(getattr(state.inner, name)) for name in _GYMNASIUM_DRAWN[self.gymnax_id]])
+            return np.asarray(env.render(), np.uint8)
+        if self.gymnax_id.endswith(_MINATAR_SUFFIX):
+            return planes_frame(np.asarray(_gymnax_env(self.gymnax_id).get_obs(state.inner)))
+        raise UnknownEnvError(
+            f"{self.env_id} has no renderer here; gymnax ids that render: "
+            f"{', '.join(PREFIX + i for i in _GYMNASIUM_DRAWN)} and the *{_MINATAR_SUFFIX} games")
 
     def spec(self) -> EnvSpec:
         """The spec as for a Gymnasium env, from gymnax's spaces converted to Gymnasium's."""

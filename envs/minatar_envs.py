@@ -39,6 +39,23 @@ GAMES = {"Asterix": "asterix", "Breakout": "breakout", "Freeway": "freeway",
 _DRAWING_ONLY = ("seaborn", "matplotlib.pyplot")
 
 
+# A colour per plane (the later plane drawn over the earlier where both are set), on black.
+_PALETTE = np.array([(230, 80, 60), (250, 200, 60), (90, 200, 90), (70, 150, 240),
+                     (200, 110, 220), (240, 240, 240), (120, 220, 220), (250, 140, 40),
+                     (160, 160, 160), (180, 230, 90)], np.uint8)
+
+
+def planes_frame(planes: np.ndarray, scale: int = 16) -> np.ndarray:
+    """A MinAtar observation, [10, 10, C] planes of 0/1, as a picture: uint8 [10 x scale,
+    10 x scale, 3], each set cell in its plane's colour (the package's own display needs
+    pyplot and seaborn)."""
+    planes = np.asarray(planes) > 0
+    frame = np.zeros(planes.shape[:2] + (3,), np.uint8)
+    for channel in range(planes.shape[-1]):
+        frame[planes[..., channel]] = _PALETTE[channel % len(_PALETTE)]
+    return np.repeat(np.repeat(frame, scale, axis=0), scale, axis=1)
+
+
 def _minatar() -> Any:
     stand_ins = {name: types.ModuleType(name) for name in _DRAWING_ONLY
                  if name not in sys.modules}
@@ -116,6 +133,10 @@ class MinatarVector:
         self._ended = terminated | truncated
         return self._obs.copy(), reward, terminated, truncated, {}
 
+    def render(self) -> tuple[np.ndarray, ...]:
+        """Each game's picture now (`planes_frame` of its observation)."""
+        return tuple(planes_frame(obs) for obs in self._obs)
+
     def close(self) -> None:
         pass
 
@@ -160,8 +181,10 @@ class MinatarFactory:
         envs.reset(seed=seed)
         return envs
 
-    def make(self, seed: int | None = None) -> gym.Env[Any, Any]:
-        raise UnknownEnvError(f"{self.env_id}: MinAtar envs come in batches for env workers")
+    def make_recorded(self, seed: int) -> MinatarVector:
+        """One game as `make_vector` makes it, whose `render()` draws its planes (the env
+        contract's `RecordedHostEnvFactory`)."""
+        return self.make_vector(1, seed)
 
     def reward_threshold(self) -> float | None:
         """None: MinAtar sets no return that solves a game (docs/benchmarks.md names the

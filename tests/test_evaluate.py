@@ -1,9 +1,10 @@
 """A run's member restored for evaluation (builders/experiments/restore.py): the video path
-plays in the run's own env (its kwargs and wrappers), and refuses envs it cannot record."""
+plays in the run's own env (its kwargs and wrappers), host or JAX, and refuses envs that do not
+render in one line."""
 
-import importlib.util
+import os
+import sys
 
-import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -22,31 +23,47 @@ def _member(factory, jax_env=None):
                         factory, jax_env, {"member": 0})
 
 
-def test_videos_are_recorded_in_the_runs_env_with_its_kwargs(monkeypatch, tmp_path):
-    made = []
+def _frames(path):
+    """(frame count, (width, height)) of a video, read back by ffmpeg."""
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    frames, _ = imageio_ffmpeg.count_frames_and_secs(path)
+    reader = imageio_ffmpeg.read_frames(path)
+    size = next(reader)["size"]
+    reader.close()
+    return frames, size
 
-    def record_video(env, video_dir, **kwargs):  # Stands in for moviepy's writer.
-        made.append((env.render_mode, env.spec.max_episode_steps, video_dir))
-        return env
 
-    monkeypatch.setattr(gym.wrappers, "RecordVideo", record_video)
+def test_videos_are_recorded_in_the_runs_env_with_its_kwargs(tmp_path):
+    pytest.importorskip("imageio_ffmpeg")
     factory = GymnasiumFactory("CartPole-v1", kwargs=(("max_episode_steps", 5),))
     result = _member(factory).record(3, seed=0, video_dir=str(tmp_path))
-    assert made == [("rgb_array", 5, str(tmp_path))]
     # Episodes cut at 5 steps by the kwargs: a return of 1 per step.
-    assert result["episodes"] == 3 and result["return_max"] <= 5.0
+    assert result["episodes"] == 3 and result["return_max"] == 5.0
     assert result["member"] == 0
+    assert sorted(os.listdir(tmp_path)) == [f"step-100-episode-{i}.mp4" for i in range(3)]
+    # The first frame and one per step; CartPole's 600x400 padded to H.264's 16-pixel blocks.
+    assert _frames(str(tmp_path / "step-100-episode-0.mp4")) == (6, (608, 400))
 
 
-def test_a_jax_env_is_not_recorded_in_one_line():
+def test_a_jax_env_is_recorded_from_its_states(tmp_path):
+    pytest.importorskip("imageio_ffmpeg")
     factory = make_env_factory("gymnax:CartPole-v1")
-    with pytest.raises(RestoreError, match="--video records Gymnasium envs; this run's env "
-                       "gymnax:CartPole-v1 is not one"):
-        _member(factory, jax_env=factory.make()).record(1, seed=0, video_dir="unused")
+    result = _member(factory, jax_env=factory.make()).record(1, seed=0, video_dir=str(tmp_path))
+    steps = int(result["return_mean"])  # 1 per step; pushed left all along, the pole falls.
+    assert 5 <= steps <= 30
+    # Gymnasium's CartPole drawing of each state, the first one's too.
+    assert _frames(str(tmp_path / "step-100-episode-0.mp4")) == (steps + 1, (608, 400))
 
 
-def test_without_moviepy_the_video_path_says_what_to_install(tmp_path):
-    if importlib.util.find_spec("moviepy") is not None:
-        pytest.skip("moviepy is installed here")
-    with pytest.raises(RestoreError, match="--video needs moviepy: pip install moviepy"):
+def test_an_env_that_does_not_render_is_refused_in_one_line():
+    factory = make_env_factory("pettingzoo:mpe2/simple_spread_v3")
+    with pytest.raises(RestoreError, match="--video: the env pettingzoo:mpe2/simple_spread_v3 "
+                       "does not render"):
+        _member(factory).record(1, seed=0, video_dir="unused")
+
+
+def test_without_imageio_ffmpeg_the_video_path_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # `import` then raises.
+    with pytest.raises(RestoreError, match=r"--video needs imageio-ffmpeg: pip install -e "
+                       r"'\.\[video\]'"):
         _member(GymnasiumFactory("CartPole-v1")).record(1, seed=0, video_dir=str(tmp_path))

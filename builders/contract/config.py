@@ -309,6 +309,10 @@ class ExperimentConfig(Config):
         0, "env steps between evaluations of the greedy policy (one also at the start); "
         "0: no evaluator node", ge=0)
     eval_episodes: int = setting(10, "episodes per evaluation", ge=1)
+    video: bool = setting(
+        False, "record episodes of the greedy policy as MP4 into RUN_DIR/videos/: one at each "
+        "evaluation (--eval_every; host platforms) and one of the final checkpoint (run.py); "
+        "the env's factory must render (envs/contract.py) and the video extra be installed")
 
     def check(self) -> None:
         if self.envs_per_actor % self.env_buffers:

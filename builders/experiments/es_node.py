@@ -357,9 +357,10 @@ class ESWorker:
 def make_es_program(builder: PopulationSearch, env_factory: EnvFactory,
                     config: ExperimentConfig, name: str = "es",
                     checkpoints: Checkpoints | None = None,
-                    stop_rule: StopRule | None = None) -> runtime.Program:
+                    stop_rule: StopRule | None = None,
+                    video_dir: str | None = None) -> runtime.Program:
     """The ES graph: one learner node, `num_actors` env workers, and an evaluator with
-    `config.eval_every > 0` (as `program.make_program`'s, which it mirrors).
+    `config.eval_every > 0` (as `program.make_program`'s, which it mirrors, `video_dir` too).
 
     Returns:
       The program; its "learner" group holds the `ESLearnerNode`.
@@ -376,5 +377,6 @@ def make_es_program(builder: PopulationSearch, env_factory: EnvFactory,
                 ESWorker, builder, env_factory, learner, i, config.num_actors, seed))
     if config.eval_every > 0:
         with program.group("evaluator"):
-            program.add_node(runtime.CourierNode(Evaluator, builder, env_factory, learner, config))
+            program.add_node(runtime.CourierNode(Evaluator, builder, env_factory, learner, config,
+                                                 video_dir))
     return program

@@ -1,7 +1,16 @@
-"""Evaluation of the greedy policy on envs of its own: the evaluator node and its episode loop."""
+"""Evaluation of the greedy policy on envs of its own: the evaluator node, its episode loop and
+its recorded episodes (videos: `record_episode`).
+
+A recorded episode of a host env: the policy acts on the observations of the factory's own
+vector env, what it saw in training (Atari's stacked grey 84x84 frames), while the frames are
+the env's pictures (Atari's raw 210x160 screen). Of a JAX env: the episode is stepped one
+jitted step at a time, each state drawn by the factory on the host.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -12,9 +21,13 @@ import numpy as np
 
 from trellis.builders.contract.agent import Builder, Policy, State
 from trellis.builders.contract.config import ExperimentConfig
-from trellis.envs.contract import HostEnvFactory
+from trellis.builders.experiments import recording
+from trellis.envs.contract import EnvFactory, HostEnvFactory, RenderedJaxEnvFactory
 from trellis.envs.multi_agent import MultiAgentStep, episode_done
 from trellis.launch import runtime
+
+# A policy's state for N envs (`Builder.initial_state(spec, N)`).
+InitialState = Callable[[int], Mapping[str, np.ndarray]]
 
 
 def run_episodes(
@@ -26,6 +39,7 @@ def run_episodes(
     seed: int,
     initial_state: Mapping[str, np.ndarray],
     should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[], None] | None = None,
 ) -> list[float]:
     """Plays one episode in each of the `num_episodes` envs of a vector env; their returns.
 
@@ -42,6 +56,7 @@ def run_episodes(
       seed: reset seed, so that evaluations at different times see the same start states.
       initial_state: the policy's state for the `num_episodes` envs (`Builder.initial_state`).
       should_stop: polled every step; when it returns True the episodes are cut short.
+      on_step: called after the reset and after each step (a recording takes its frames).
 
     Returns:
       The `num_episodes` undiscounted returns.
@@ -50,6 +65,8 @@ def run_episodes(
     multi_agent = isinstance(obs, MultiAgentStep)
     if not multi_agent:
         obs, _ = obs
+    if on_step is not None:
+        on_step()
     returns = np.zeros(num_episodes, np.float64)
     running = np.ones(num_episodes, bool)
     # The policy's state and first flags as the contract's jax.Arrays (a jitted policy would
@@ -69,7 +86,72 @@ def run_episodes(
             done = np.asarray(terminated) | np.asarray(truncated)
         returns += np.where(running, reward, 0.0)
         running &= ~done
+        if on_step is not None:
+            on_step()
     return [float(r) for r in returns]
+
+
+def _host_episode(policy: Policy, params: Any, initial_state: InitialState,
+                  factory: Any, seed: int, key: jax.Array) -> tuple[float, list[np.ndarray]]:
+    envs = factory.make_recorded(seed)
+    frames: list[np.ndarray] = []
+    try:
+        (total,) = run_episodes(policy, params, envs, 1, key, seed, initial_state(1),
+                                on_step=lambda: frames.append(np.asarray(envs.render()[0])))
+    finally:
+        envs.close()
+    return total, frames
+
+
+def _jax_episode(policy: Policy, params: Any, initial_state: InitialState, jax_env: Any,
+                 render: Callable[[Any], np.ndarray], key: jax.Array
+                 ) -> tuple[float, list[np.ndarray]]:
+    reset, step = jax.jit(jax_env.reset), jax.jit(jax_env.step)
+    key, reset_key = jax.random.split(key)
+    env_state, timestep = reset(reset_key)
+    frames = [render(env_state)]
+    state: State = {name: jnp.asarray(x) for name, x in initial_state(1).items()}
+    first, total = jnp.ones(1, bool), 0.0
+    while True:
+        key, policy_key, step_key = jax.random.split(key, 3)
+        actions, _, state = policy(params, policy_key, timestep.obs[None], state, first)
+        first = jnp.zeros(1, bool)
+        env_state, timestep = step(step_key, env_state, actions[0])
+        total += float(timestep.reward)
+        frames.append(render(env_state))
+        if bool(timestep.terminated | timestep.truncated):
+            return total, frames
+
+
+def record_episode(policy: Policy, params: Any, initial_state: InitialState,
+                   factory: EnvFactory, seed: int, key: jax.Array, path: str,
+                   jax_env: Any = None) -> float:
+    """Plays one episode of `factory`'s env with `policy` and writes its video to `path`.
+
+    Args:
+      policy: jitted `policy(params, key, obs[1], state, first[1])`.
+      params: its params.
+      initial_state: the policy's state for N envs.
+      factory: the env's factory; it must render (`check_recordable`).
+      seed: the episode's reset seed (a host env's; a JAX env's start comes from `key`).
+      key: the policy's (and a JAX env's) RNG key.
+      path: the MP4 to write.
+      jax_env: the JAX env the policy plays in (default: `factory.make()` for a JAX factory).
+
+    Returns:
+      The episode's undiscounted return.
+
+    Raises:
+      recording.RecordingError: see `recording.check_recordable`.
+    """
+    recording.check_recordable(factory)
+    if isinstance(factory, RenderedJaxEnvFactory):
+        env = factory.make() if jax_env is None else jax_env
+        total, frames = _jax_episode(policy, params, initial_state, env, factory.render, key)
+    else:
+        total, frames = _host_episode(policy, params, initial_state, factory, seed, key)
+    recording.write_video(path, frames)
+    return total
 
 
 def evaluation_seed(seed: int) -> int:
@@ -102,14 +184,17 @@ class Evaluator:
       env_factory: builds the evaluation envs (separate from the env workers').
       learner: client of the learner node (`env_steps`, `get_params`, `record_evaluation`).
       config: `eval_every`, `eval_episodes`, `seed`.
+      video_dir: where each evaluation also writes one recorded episode,
+        step-S-episode-0.mp4 (S: the env steps it evaluated at); None: no videos.
     """
 
     def __init__(self, builder: Builder[Any], env_factory: HostEnvFactory, learner: Any,
-                 config: ExperimentConfig):
+                 config: ExperimentConfig, video_dir: str | None = None):
         self._builder = builder
         self._factory = env_factory
         self._learner = learner
         self._config = config
+        self._video_dir = video_dir
 
     def run(self) -> None:
         config = self._config
@@ -137,6 +222,11 @@ class Evaluator:
                     return
                 result = summarize(returns)
                 result.update(env_steps=env_steps, duration_s=time.monotonic() - start)
+                if self._video_dir is not None:
+                    os.makedirs(self._video_dir, exist_ok=True)
+                    record_episode(policy, params, functools.partial(
+                        self._builder.initial_state, spec), self._factory, seed, eval_key,
+                        os.path.join(self._video_dir, f"step-{env_steps}-episode-0.mp4"))
                 self._learner.record_evaluation(result)
                 next_eval = env_steps + config.eval_every
         finally:

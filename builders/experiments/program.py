@@ -54,6 +54,7 @@ def make_program(
     name: str = "trellis",
     checkpoints: Checkpoints | None = None,
     stop_rule: StopRule | None = None,
+    video_dir: str | None = None,
 ) -> runtime.Program:
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
@@ -66,7 +67,7 @@ def make_program(
     learner. With `config.eval_every > 0` an "evaluator" node runs
     the greedy policy on envs of its own. With `checkpoints`, the learner checkpoints there
     (and resumes from its `resume_step`); the learner node stops the program by `stop_rule`
-    (default: the config's).
+    (default: the config's). With `video_dir`, each evaluation also writes a video there.
 
     Returns:
       The program; its "learner" group holds one node whose handle is the env workers'
@@ -102,7 +103,8 @@ def make_program(
             ))
     if config.eval_every > 0:
         with program.group("evaluator"):
-            program.add_node(runtime.CourierNode(Evaluator, builder, env_factory, learner, config))
+            program.add_node(runtime.CourierNode(Evaluator, builder, env_factory, learner, config,
+                                                 video_dir))
     return program
 
 

@@ -9,6 +9,7 @@ updates and stops the program, and checkpoints when the session's timer asks.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from trellis.builders.experiments.checkpointing import (
 from trellis.builders.experiments.execution import Ending, Report
 from trellis.builders.experiments.platforms import HostPlatform
 from trellis.builders.experiments.program import make_program
+from trellis.builders.experiments.rundir import VIDEOS
 from trellis.builders.experiments.stop import StopRule
 from trellis.envs.contract import EnvFactory
 from trellis.launch import runtime
@@ -35,7 +37,7 @@ class ProgramRun:
 
     Args:
       builder, env_factory, config: the agent, its envs and the experiment's settings.
-      run_dir: checkpoints go to RUN_DIR/checkpoints.
+      run_dir: checkpoints go to RUN_DIR/checkpoints, videos (`config.video`) to RUN_DIR/videos.
       platform: where the program runs.
       stop_rule: asked by the learner node between updates.
       resume_step: the checkpoint to resume from, or None.
@@ -60,7 +62,8 @@ class ProgramRun:
         name = env_factory.env_id
         self._program = make(
             builder, env_factory, config, name=f"{type(builder).__name__}-{name}",
-            checkpoints=Checkpoints(checkpoint_dir(run_dir), resume_step), stop_rule=stop_rule)
+            checkpoints=Checkpoints(checkpoint_dir(run_dir), resume_step), stop_rule=stop_rule,
+            video_dir=os.path.join(run_dir, VIDEOS) if config.video else None)
         self._platform = platform
         self._running: runtime.RunningProgram | None = None
         self._learner: Any = None

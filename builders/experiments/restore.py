@@ -10,25 +10,22 @@ knowing the kind.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import gymnasium as gym
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from trellis.builders.contract.agent import Acting, Learner, Policy, State
+from trellis.builders.contract.agent import Acting, Learner, Policy
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.contract.population import PopulationSearch, SearchLearner
+from trellis.builders.experiments import recording
 from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
 from trellis.builders.experiments.device_evaluation import play_episodes
-from trellis.builders.experiments.evaluation import run_episodes, summarize
-from trellis.envs import GymnasiumFactory
+from trellis.builders.experiments.evaluation import record_episode, run_episodes, summarize
 from trellis.envs.contract import EnvFactory, is_host, is_jax
 from trellis.envs.specs import EnvSpec
 
@@ -80,7 +77,8 @@ class Member(Protocol):
         """As `play`, one env at a time, each episode recorded as a video into `video_dir`.
 
         Raises:
-          RestoreError: the env cannot be recorded (not a Gymnasium env; moviepy missing).
+          RestoreError: the env cannot be recorded (its factory does not render, or the
+            video extra is missing: `recording.check_recordable`).
         """
         ...
 
@@ -129,41 +127,21 @@ class PolicyMember:
         return {**summarize(returns), **self.fields}
 
     def record(self, episodes: int, seed: int, video_dir: str) -> dict[str, Any]:
-        factory = self.env_factory
-        if not isinstance(factory, GymnasiumFactory) or self.jax_env is not None:
-            raise RestoreError(f"--video records Gymnasium envs; this run's env "
-                               f"{factory.env_id} is not one")
-        # The run's env: its kwargs, wrappers and carried registration.
-        env = factory.make(render_mode="rgb_array")
+        """As `play`, one episode at a time, each written to VIDEO_DIR/step-S-episode-I.mp4
+        (S: the checkpoint's env steps) by `evaluation.record_episode`."""
         try:
-            recorded = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True,
-                                                disable_logger=True)
-        except gym.error.DependencyNotInstalled as e:
-            with contextlib.closing(env):
-                raise RestoreError(f"--video needs moviepy: pip install moviepy ({e})") from e
+            recording.check_recordable(self.env_factory)
+        except recording.RecordingError as e:
+            raise RestoreError(str(e)) from e
+        os.makedirs(video_dir, exist_ok=True)
         key, returns = jax.random.PRNGKey(seed), []
-        with contextlib.closing(recorded):  # Closes `env` too.
-            for i in range(episodes):
-                total, key = self._record_one(recorded, key, seed + i)
-                returns.append(total)
+        for i in range(episodes):
+            key, episode_key = jax.random.split(key)
+            path = os.path.join(video_dir, f"step-{self.step}-episode-{i}.mp4")
+            returns.append(record_episode(
+                self.policy, self.params, self.initial_state, self.env_factory, seed + i,
+                episode_key, path, self.jax_env))
         return {**summarize(returns), **self.fields}
-
-    def _record_one(self, env: gym.Env[Any, Any], key: jax.Array, seed: int
-                    ) -> tuple[float, jax.Array]:
-        """One episode of `env` reset with `seed`: its return, and the key left."""
-        obs, _ = env.reset(seed=seed)
-        total, done = 0.0, False
-        state: State = {k: jnp.asarray(v) for k, v in self.initial_state(1).items()}
-        first = jnp.ones(1, bool)
-        while not done:
-            key, step_key = jax.random.split(key)
-            action, _, state = self.policy(self.params, step_key, np.asarray(obs)[None], state,
-                                           first)
-            first = jnp.zeros(1, bool)
-            obs, reward, terminated, truncated, _ = env.step(np.asarray(action)[0])
-            total += float(reward)
-            done = bool(terminated or truncated)
-        return total, key
 
 
 def restore_state(run_dir: str, target: Any, step: int | None

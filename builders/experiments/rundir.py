@@ -6,6 +6,7 @@
       events.out.tfevents.* TensorBoard scalars (tensorboardX: no TensorFlow needed)
       summary.json         how and when the run stopped
       learning_curve.png   return vs env steps and vs wall time (launch/plot.py)
+      videos/              episodes of the greedy policy as MP4 (run.py --video; recording.py)
       checkpoints/         learner checkpoints (builders/experiments/checkpointing.py)
       .lock                held by the run.py writing here (`claim`)
 
@@ -27,13 +28,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 SUMMARY = "summary.json"
 CURVE = "learning_curve.png"
+VIDEOS = "videos"
 LOCK = ".lock"
 # config.json's sections: the settings (the command line's options, ExperimentConfig, the
 # agent's config; launch/flags.py reads them back), then the run's record (created, versions,
@@ -179,8 +181,28 @@ def _summary_writer() -> Any:
     return SummaryWriter
 
 
+class Tracker(Protocol):
+    """A tracked run elsewhere (Weights & Biases, MLflow: builders/experiments/tracking.py):
+    the config, the metrics as they are written, the files at the end."""
+
+    def start(self, config: Mapping[str, Any]) -> None:
+        """Sends the run's resolved config (config.json's content)."""
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Sends one metrics record's numeric fields (`numeric_fields`) at `step` env steps."""
+
+    def finish(self, curve: str | None, videos: Sequence[str], failed: bool) -> None:
+        """Sends the learning curve (a PNG) and the videos (MP4) and ends the tracked run."""
+
+
+def numeric_fields(record: Mapping[str, Any]) -> dict[str, float]:
+    """A metrics record's finite numbers, less the step axis (env_steps) and the clock (time)."""
+    return {name: number for name, value in record.items()
+            if name not in ("env_steps", "time") and (number := _number(value)) is not None}
+
+
 class RunWriter:
-    """Appends metrics to metrics.jsonl and TensorBoard; writes config and summary.
+    """Appends metrics to metrics.jsonl, TensorBoard and the tracker; writes config and summary.
 
     A resumed run passes `resume_env_steps`: records past that point came from the part of the
     killed run that the checkpoint does not hold, so they are dropped (from metrics.jsonl
@@ -190,12 +212,15 @@ class RunWriter:
     Args:
       run_dir: the run directory (created if missing).
       resume_env_steps: the env steps of the checkpoint a resumed run continues from.
+      tracker: where each record's numbers go too (`--track`), or None.
     """
 
-    def __init__(self, run_dir: str, resume_env_steps: int | None = None):
+    def __init__(self, run_dir: str, resume_env_steps: int | None = None,
+                 tracker: Tracker | None = None):
         SummaryWriter = _summary_writer()
 
         self.run_dir = run_dir
+        self._tracker = tracker
         os.makedirs(run_dir, exist_ok=True)
         self._metrics_path = os.path.join(run_dir, METRICS)
         self._last_env_steps = -1
@@ -250,6 +275,8 @@ class RunWriter:
             for name in ("return_mean", "return_min", "return_max"):
                 self._tb.add_scalar(f"eval/{name}", record[f"eval_{name}"],
                                     record["eval_env_steps"])
+        if self._tracker is not None:
+            self._tracker.log(numeric_fields(record), steps)
         return True
 
     def close(self) -> None:

@@ -147,7 +147,8 @@ class MatchMember:
                 **outcome_rates(outcomes)}
 
     def record(self, episodes: int, seed: int, video_dir: str) -> dict[str, Any]:
-        raise RestoreError("--video records Gymnasium envs; this run's game is written in JAX")
+        raise RestoreError("--video records single-agent envs whose factory renders "
+                           "(envs/contract.py); pgx's games do not render here")
 
 
 def restore_match(builder: SelfPlayAgent, env_factory: EnvFactory, config: ExperimentConfig,

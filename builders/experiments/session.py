@@ -72,6 +72,7 @@ from trellis.builders.experiments.rundir import (
     EXPERIMENT,
     RUN_RECORD,
     RunWriter,
+    Tracker,
     git_commit,
     read_json,
     versions,
@@ -221,12 +222,14 @@ class Session:
       resume_progress: the progress record of the checkpoint a resumed run continues from.
       extra_metrics: constant fields added to every metrics record (e.g. a sweep's trial).
       on_stats: called with each stats record as it is logged; True stops the run (a signal).
+      tracker: where each metrics record goes too (`--track`), or None.
     """
 
     def __init__(self, config: ExperimentConfig, run_dir: str, *, quiet: bool = False,
                  resume_progress: Mapping[str, Any] | None = None,
                  extra_metrics: Mapping[str, Any] | None = None,
-                 on_stats: Callable[[dict[str, Any]], bool] | None = None):
+                 on_stats: Callable[[dict[str, Any]], bool] | None = None,
+                 tracker: Tracker | None = None):
         self._config = config
         self._run_dir = run_dir
         self._quiet = quiet
@@ -237,7 +240,7 @@ class Session:
         # tensorboardX takes a second to import: the writer is made beside the platform's
         # start-up (compiling, spawning nodes), not inside the first record.
         self._opening = concurrent.futures.ThreadPoolExecutor(1, "run-writer")
-        self._writer = self._opening.submit(RunWriter, run_dir, self._resume_steps)
+        self._writer = self._opening.submit(RunWriter, run_dir, self._resume_steps, tracker)
         self._opening.shutdown(wait=False)
         self._signalled = threading.Event()
 
@@ -398,6 +401,7 @@ def run_experiment(
     argv: list[str] | None = None,
     extra_metrics: dict[str, Any] | None = None,
     on_stats: Callable[[dict[str, Any]], bool] | None = None,
+    tracker: Tracker | None = None,
 ) -> dict[str, Any]:
     """Trains `builder` on `env_factory`'s envs until `config` says stop; returns the summary.
 
@@ -421,6 +425,8 @@ def run_experiment(
         the learning rate in effect is logged by every execution, `learning_rate`).
       on_stats: called with each stats record as it is logged (e.g. to report to Ray Tune);
         returning True stops the run (stopped_by "signal").
+      tracker: a tracked run (builders/experiments/tracking.py's `tracked`) that gets
+        config.json once written and every metrics record; the caller ends it.
 
     Returns:
       summary.json's content (`Summary.as_json`).
@@ -444,13 +450,15 @@ def run_experiment(
     resume_progress = resume_from[1] if resume_from else None
     options = options or {"env": env_factory.env_id}
     session = Session(config, run_dir, quiet=quiet, resume_progress=resume_progress,
-                      extra_metrics=extra_metrics, on_stats=on_stats)
+                      extra_metrics=extra_metrics, on_stats=on_stats, tracker=tracker)
     execution = EXECUTIONS[builder.capabilities.learns_from].execution(
         builder, env_factory, config, run_dir, settings, resume_from, quiet)
     # Once the execution has its state (an in-process one restored it, a program graph checked
     # the checkpoint fits): a resume that cannot go on keeps the run's settings, not its own.
     _write_config(run_dir, builder, config, options, argv,
                   None if resume_progress is None else resume_progress["env_steps"])
+    if tracker is not None:
+        tracker.start(read_json(os.path.join(run_dir, CONFIG)))
     summary = session.run(execution, agent=options.get("agent", type(builder).__name__),
                           platform=name, env=env_factory.env_id)
     return finish_run_dir(run_dir, summary.as_json())

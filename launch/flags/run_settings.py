@@ -11,6 +11,7 @@ from trellis.agents.registry import AGENTS, agent_module
 from trellis.builders.contract.config import Config, ExperimentConfig, setting
 from trellis.builders.experiments.pbt import PBTConfig, PopulationPBT
 from trellis.builders.experiments.platforms import ANAKIN, HostPlatform, PopulationSettings
+from trellis.builders.experiments.tracking import TRACKERS
 from trellis.envs.atari import with_settings as with_atari_settings
 from trellis.envs.options import KWARGS_FAMILIES
 from trellis.launch.flags.env_options import env_factory
@@ -48,6 +49,10 @@ class RunOptions(Config):
         None, "run directory, not one holding a run (--resume continues those); none: "
         "runs/AGENT-ENV-TIME")
     quiet: bool = setting(False, "no progress output")
+    track: str | None = setting(
+        None, "also send the config, every metrics record, the learning curve and the videos "
+        "to Weights & Biases or MLflow (the extra of the same name; docs/configuration.md)",
+        choices=TRACKERS)
     preset: str | None = setting(
         None, "a published source's settings for the agent on a family of envs (atari: "
         "docs/atari.md); settings given in a --config file or as flags override them",
