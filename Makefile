@@ -9,9 +9,9 @@ CORE_STAMP := $(VENV)/.core
 STAMP := $(VENV)/.installed
 # The extras `make setup` installs: dev, plus the optional packages whose tests run in the
 # default suite. The dm-reverb environment below installs dev only (its JAX is too old for some).
-EXTRAS := dev,gymnax,brax,tune,envpool,popgym,es,search,marl,mujoco,playground,minatar
+EXTRAS := dev,gymnax,brax,tune,envpool,popgym,es,search,marl,mujoco,playground,minatar,video,wandb,mlflow
 
-.PHONY: setup run test test-slow test-reverb lint docs bench clean
+.PHONY: setup run test test-slow test-reverb links lint docs bench clean
 
 setup: $(STAMP)
 
@@ -65,15 +65,18 @@ MYPY_LINKS := $(VENV)/mypy_path/trellis
 FOLDERS := agents builders envs launch reverb_tables
 ROOT_FILES := __init__.py __main__.py py.typed
 
+# The tree of links that mypy, import-linter and mkdocstrings (`make docs`) read `trellis` from.
+links:
+	mkdir -p $(MYPY_LINKS)
+	for f in $(FOLDERS); do ln -sfn ../../../$$f $(MYPY_LINKS)/$$f; done
+	for f in $(ROOT_FILES); do ln -sfn ../../../trellis/$$f $(MYPY_LINKS)/$$f; done
+
 # ruff, the import layers (pyproject's [tool.importlinter] contracts, read from the links: the
 # folders of `trellis` in one tree), then mypy: strict on the
 # whole library, its five folders ([tool.mypy]). mypy, not pyright: a wheel from PyPI that runs
 # offline, where pyright's PyPI package downloads Node.js at its first run.
-lint: setup
+lint: setup links
 	$(BIN)/ruff check .
-	mkdir -p $(MYPY_LINKS)
-	for f in $(FOLDERS); do ln -sfn ../../../$$f $(MYPY_LINKS)/$$f; done
-	for f in $(ROOT_FILES); do ln -sfn ../../../trellis/$$f $(MYPY_LINKS)/$$f; done
 	cd $(VENV)/mypy_path && ../bin/lint-imports ../../pyproject.toml
 	$(BIN)/mypy
 
@@ -84,7 +87,7 @@ $(DOCS_STAMP): pyproject.toml setup.py Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[docs]"
 	touch $@
 
-docs: $(DOCS_STAMP)
+docs: $(DOCS_STAMP) links
 	$(BIN)/mkdocs build --strict
 
 bench: setup
