@@ -4,6 +4,7 @@ stats, resume."""
 import dataclasses
 import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -203,6 +204,52 @@ def test_auto_batch_takes_what_waits_up_to_the_largest_size_allowed():
     assert feed.next_batch()["x"][0].tolist() == list(range(4, 12))  # 8 of 10.
     assert feed.next_batch()["x"][0].tolist() == [12, 13]  # The 2 left.
     assert feed.next_batch() is None
+
+
+def test_the_feed_asks_for_a_larger_size_after_three_capped_batches_in_a_row():
+    feed = UnrollFeed(LocalUnrollQueue(max_unrolls=16), sizes=(2, 4), stop=threading.Event())
+    for first in range(0, 8, 2):  # 8 columns: batches of 2 with more waiting behind each.
+        feed.put(chunk(first, 2), np.zeros(4, np.int64))
+    for _ in range(2):
+        feed.next_batch()
+    assert not feed.backlog.is_set()  # Two capped batches may be a burst.
+    feed.next_batch()
+    assert feed.backlog.is_set()
+    feed.allow(4)  # Compiled: the next size waits for batches this one caps.
+    assert not feed.backlog.is_set()
+    feed.next_batch()  # The last 2 columns, nothing behind them: not capped.
+    for first in range(8, 32, 2):  # 24 columns: three batches of 4, each with more behind...
+        feed.put(chunk(first, 2), np.zeros(4, np.int64))
+    for _ in range(3):
+        feed.next_batch()
+    assert feed.backlog.is_set()
+    # ...while a queue that a batch empties is not a backlog.
+    drained = UnrollFeed(LocalUnrollQueue(max_unrolls=16), sizes=(2, 4), stop=threading.Event())
+    for _ in range(4):
+        drained.put(chunk(0, 2), np.zeros(4, np.int64))
+        drained.next_batch()
+    assert not drained.backlog.is_set()
+
+
+def test_a_larger_size_is_compiled_only_once_the_feed_wants_it():
+    compiled, stop = [], threading.Event()
+    learner = types.SimpleNamespace(compile=lambda batch: compiled.append(batch["n"]))
+    policy_compiled, wanted = threading.Event(), threading.Event()
+    ahead = CompileAhead(learner, {2: {"n": 2}, 4: {"n": 4}}, policy_compiled, wanted, stop,
+                         on_compiled=lambda size: wanted.clear())
+    assert ahead.first.wait(10) and compiled == [2]
+    policy_compiled.set()
+    time.sleep(0.3)
+    assert compiled == [2]  # Serving started, but no batch waits for a larger size.
+    wanted.set()
+    ahead.join()
+    assert compiled == [2, 4]
+    # A stop ends the wait for a size nobody wanted.
+    ahead = CompileAhead(learner, {2: {"n": 2}, 4: {"n": 4}}, policy_compiled, threading.Event(),
+                         stop, on_compiled=lambda size: None)
+    stop.set()
+    ahead.join()
+    assert compiled == [2, 4, 2]
 
 
 def test_fewer_unrolls_wait_until_the_larger_sizes_are_allowed():
@@ -407,8 +454,8 @@ def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside():
     acted_by = np.zeros((3, 2), np.int64)  # Every batch acted by the initial params.
     batches = _Batches([({"x": np.full((3, 2), i, np.float32)}, acted_by) for i in range(3)])
     counter = Counter(return_window=5)
-    update = LearnerUpdate(learner, CompileAhead(learner, {}, threading.Event(), stop,
-                                                 lambda size: None),
+    update = LearnerUpdate(learner, CompileAhead(learner, {}, threading.Event(),
+                                                 threading.Event(), stop, lambda size: None),
                            None, ExperimentConfig(), batch_size=2)
     node = LearnerNode(inference, batches, update, counter, lambda snapshot: None,
                        LearnerStats(counter, inference, lambda: 0, log_every_s=0.0),

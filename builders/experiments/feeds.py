@@ -161,6 +161,11 @@ class UnrollBatcher:
         return {k: v[:, :b] for k, v in joined.items()}
 
 
+# Batches in a row that the largest size allowed caps, while more unrolls wait, before the
+# feed asks for the next size (`UnrollFeed.backlog`): one capped batch may be a burst.
+_CAPPED_IN_A_ROW = 3
+
+
 class UnrollFeed:
     """Unrolls from inference to the learner: a bounded queue, then batches.
 
@@ -173,7 +178,9 @@ class UnrollFeed:
 
     Until `allow` raises it, the largest size is the smallest: the learner's update is
     compiled for one size after another, and a batch of a size not compiled yet would make the
-    first update wait for its compilation. Meanwhile fewer unrolls may wait (`max_waiting`):
+    first update wait for its compilation. The next size is compiled once the feed asks for
+    it (`backlog`): `_CAPPED_IN_A_ROW` batches in a row filled the largest size allowed while
+    more unrolls waited. Meanwhile fewer unrolls may wait (`max_waiting`):
     a queue sized for the largest batches, drained in the smallest, would be learned from
     over many updates, and its last unrolls with that many updates of lag.
 
@@ -199,12 +206,16 @@ class UnrollFeed:
         # Unrolls put and not yet taken, in order; `put` waits on `_room` for fewer.
         self._versions: collections.deque[np.ndarray] = collections.deque()
         self._room = threading.Condition()
+        self.backlog = threading.Event()  # Set: a larger size than allowed would be used.
+        self._capped = 0  # Batches in a row capped at the largest size allowed.
 
     def allow(self, columns: int) -> None:
         """Batches of up to `columns` from now on (one of `sizes`: the update is compiled
-        for it)."""
+        for it); `backlog` waits for batches that this size caps in turn."""
         with self._room:
             self._max_columns = max(self._max_columns, columns)
+            self._capped = 0
+            self.backlog.clear()
             self._room.notify_all()
 
     def put(self, chunk: dict[str, np.ndarray], versions: np.ndarray) -> None:
@@ -232,6 +243,11 @@ class UnrollFeed:
         limit = self._max_columns  # One read: `allow` may raise it meanwhile.
         while self._batcher.columns < limit and self._take(timeout_s=0.0):
             pass
+        capped = self._batcher.columns > limit or (
+            self._batcher.columns == limit and self._unrolls.size() > 0)
+        self._capped = self._capped + 1 if capped else 0
+        if self._capped >= _CAPPED_IN_A_ROW:
+            self.backlog.set()
         return self._batcher.pop(limit)
 
     def _take(self, timeout_s: float) -> bool:
@@ -292,6 +308,7 @@ class ReplayFeed:
         self._recent: collections.deque[dict[str, np.ndarray]] = collections.deque(
             maxlen=max_in_flight)
         self._writer = StreamingWriter(replay, max_in_flight)
+        self.backlog = threading.Event()  # Never set: the one size is compiled first.
 
     def put(self, chunk: dict[str, np.ndarray], versions: np.ndarray) -> None:
         """Streams one item per env slot of `chunk` [T + 1, K, ...]; blocks while the rate

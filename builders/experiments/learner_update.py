@@ -1,7 +1,7 @@
 """The learner node's update: one batch in, new params out, on the learner's thread.
 
 `LearnerUpdate` wraps the agent's `Learner` with what each update needs around it: the update
-compiled ahead for every batch size the feed may give (`CompileAhead`), the learning-rate
+compiled ahead for the batch sizes the feed gives (`CompileAhead`), the learning-rate
 schedule set into the state when due, XLA's out-of-memory error said in the user's terms, and
 each update's metrics checked for NaN and Inf one update late (`FiniteCheck`).
 """
@@ -92,43 +92,46 @@ class FiniteCheck:
 
 
 class CompileAhead:
-    """Compiles the learner's update for every batch size the feed may give, smallest first,
-    in a thread, from the node's start: which sizes a run meets depends on how unrolls
-    happen to arrive, so compiling at first use would make a second run of the same config
-    compile again (a miss in the persistent compilation cache), and meanwhile the policy
-    compiles and the env workers start. `first` is set once the smallest is compiled (or
-    there is nothing to compile); the larger ones wait for `after_first` (the policy's
-    compile for its largest batch, with which serving starts): nothing needs them before
-    the first update, and beside it they take cores and device time from the compile the
-    first env step waits for. Each size compiled goes to `on_compiled` (the feed batches up
-    to it from then on).
+    """Compiles the learner's update for the feed's batch sizes, smallest first, in a thread,
+    from the node's start. `first` is set once the smallest is compiled (or there is nothing
+    to compile). Each larger size waits for `after_first` (the policy's compile for its
+    largest batch, with which serving starts) and for `wanted` (the feed's `backlog`: unrolls
+    arrive faster than the sizes compiled so far take them), then compiles at the thread's
+    lowest CPU priority. Each size compiled goes to `on_compiled` (the feed batches up to it
+    from then on, and clears `wanted` until it needs the next).
+
+    A size nobody needs is not compiled: XLA compiles on threads of its own, at their own
+    priority, so on 2 cores the larger sizes, compiled ahead, took the cores of acting through
+    the first seconds of learning (IMPALA on CartPole, 2 workers, which never needs them:
+    about 5 CPU-seconds, 2026-11-29). A run that needs one compiles it beside the updates it
+    goes on making at the sizes it has.
 
     Args:
       batches: {batch size: the batch's shapes}, smallest first.
     """
 
     def __init__(self, learner: Learner, batches: Mapping[int, Mapping[str, Any]],
-                 after_first: threading.Event, stop: StopEvent,
+                 after_first: threading.Event, wanted: threading.Event, stop: StopEvent,
                  on_compiled: Callable[[int], None]):
         self.first = threading.Event()
         if not batches:
             self.first.set()
         self._thread = threading.Thread(
-            target=self._run, args=(learner, batches, after_first, stop, on_compiled),
+            target=self._run, args=(learner, batches, (after_first, wanted), stop, on_compiled),
             name="compile")
         self._thread.start()
 
     def _run(self, learner: Learner, batches: Mapping[int, Mapping[str, Any]],
-             after_first: threading.Event, stop: StopEvent,
+             waits: tuple[threading.Event, ...], stop: StopEvent,
              on_compiled: Callable[[int], None]) -> None:
         try:
             for i, (size, batch) in enumerate(batches.items()):
-                if i == 1:
-                    while not after_first.wait(0.1):
-                        if stop.is_set():
-                            return  # The policy never compiled: the node is stopping.
-                    # The feed batches to the sizes compiled so far meanwhile: the larger
-                    # ones may wait for idle cores (on 2 cores they took the acting's).
+                if i > 0:
+                    for event in waits:
+                        while not event.wait(0.1):
+                            if stop.is_set():
+                                return  # Not needed before the stop.
+                    # The feed batches to the sizes compiled so far meanwhile.
                     lower_thread_priority()
                 learner.compile(batch)
                 on_compiled(size)

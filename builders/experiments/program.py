@@ -156,7 +156,8 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
     # compile and no batch to place; batches are dropped as they come, of any size.
     compiled = CompileAhead(learner, {size: wire.nest(batch) for size, batch in shapes.items()}
                             if config.learn else {},
-                            after_first=policy_compiled, stop=stop, on_compiled=feed.allow)
+                            after_first=policy_compiled, wanted=feed.backlog, stop=stop,
+                            on_compiled=feed.allow)
     if not config.learn:
         for size in shapes:
             feed.allow(size)
