@@ -132,7 +132,7 @@ def record_episode(policy: Policy, params: Any, initial_state: InitialState,
       policy: jitted `policy(params, key, obs[1], state, first[1])`.
       params: its params.
       initial_state: the policy's state for N envs.
-      factory: the env's factory; it must render (`check_recordable`).
+      factory: the env's factory; it must render (`recording.check_recordable` it first).
       seed: the episode's reset seed (a host env's; a JAX env's start comes from `key`).
       key: the policy's (and a JAX env's) RNG key.
       path: the MP4 to write.
@@ -142,9 +142,8 @@ def record_episode(policy: Policy, params: Any, initial_state: InitialState,
       The episode's undiscounted return.
 
     Raises:
-      recording.RecordingError: see `recording.check_recordable`.
+      recording.RecordingError: the video extra is not installed.
     """
-    recording.check_recordable(factory)
     if isinstance(factory, RenderedJaxEnvFactory):
         env = factory.make() if jax_env is None else jax_env
         total, frames = _jax_episode(policy, params, initial_state, env, factory.render, key)

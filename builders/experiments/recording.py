@@ -4,7 +4,6 @@ and `RenderedJaxEnvFactory`, envs/contract.py) and the writer, H.264 MP4 by imag
 
 The episodes are played by `evaluation.record_episode`, one file each; launch/evaluate.py's
 --video and run.py's --video (at each evaluation, and of the final checkpoint) write them.
-Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -14,9 +13,17 @@ import types
 import warnings
 from collections.abc import Sequence
 
+import gymnasium
+import jax
 import numpy as np
 
-from trellis.envs.contract import EnvFactory, records_video
+from trellis.envs.contract import (
+    EnvFactory,
+    RecordedHostEnvFactory,
+    RenderedJaxEnvFactory,
+    records_video,
+)
+from trellis.envs.errors import UnknownEnvError
 
 # Frames per second of the videos: the envs' own pace differs (CartPole's 50, Atari's 60 frames
 # of which each step shows one in four), and a video to watch needs none of them exactly.
@@ -38,15 +45,38 @@ def _ffmpeg() -> types.ModuleType:
                              ) from e
 
 
+def first_frame(factory: EnvFactory) -> np.ndarray:
+    """The picture of a fresh env of `factory`, which must render (`records_video`).
+
+    Raises:
+      UnknownEnvError: its family renders, this id does not (a gymnax id with no drawing).
+      gymnasium.error.Error: a Gymnasium env without rgb_array rendering.
+    """
+    if isinstance(factory, RenderedJaxEnvFactory):
+        state, _ = factory.make().reset(jax.random.key(0))
+        return np.asarray(factory.render(state))
+    assert isinstance(factory, RecordedHostEnvFactory), factory  # records_video said so.
+    envs = factory.make_recorded(0)
+    try:
+        return np.asarray(envs.render()[0])
+    finally:
+        envs.close()
+
+
 def check_recordable(factory: EnvFactory) -> None:
-    """Raises RecordingError, in one line, when `factory`'s envs do not render or the video
-    extra is not installed: before a run starts, not after it trained."""
+    """Raises RecordingError, in one line, when `factory`'s envs do not render (one is made
+    and drawn) or the video extra is not installed: before a run starts, not after it
+    trained."""
     if not records_video(factory):
         raise RecordingError(
             f"--video: the env {factory.env_id} does not render ({type(factory).__name__} has "
             "no make_recorded/render, envs/contract.py); these do: Gymnasium ids with rgb_array "
             "rendering, envpool's (Atari), minatar:*, gymnax's classic control and MinAtar")
     _ffmpeg()
+    try:
+        first_frame(factory)
+    except (UnknownEnvError, gymnasium.error.Error) as e:
+        raise RecordingError(f"--video: {e}") from e
 
 
 def _padded(frame: np.ndarray) -> np.ndarray:
