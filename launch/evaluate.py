@@ -32,7 +32,7 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 from trellis.builders.experiments.anakin_run import AnakinError  # noqa: E402
 from trellis.builders.experiments.checkpointing import CheckpointError  # noqa: E402
 from trellis.launch.flags import UsageError  # noqa: E402
-from trellis.launch.loaded_policy import load_policy, restore  # noqa: E402
+from trellis.launch.loaded_policy import load_policy, rebuild  # noqa: E402
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -76,7 +76,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     learner_steps, ...} (a population's member; a self-play run's opponent and win, draw and
     loss rates)."""
     try:  # The run's saved settings, as the run used them: no flags, no defaults re-parsed.
-        member = restore(args.run_dir, args.step, args.member, args.opponent).member
+        member = rebuild(args.run_dir).member(args.step, args.member, args.opponent)
         result = (member.record(args.episodes, args.seed, args.video) if args.video
                   else member.play(args.episodes, args.seed))
     # ValueError: an extra the run needs is missing (RestoreError is one).

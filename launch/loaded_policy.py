@@ -1,10 +1,11 @@
 """A run's trained policy out of its run directory: it acts, and it exports.
 
-`restore` rebuilds a run's agent from its config.json and restores the member its agent's kind
-says (`session.restore_run_member`: a host learner's params, an anakin population's member,
-an evolution strategy's mean); evaluate.py plays what it gives. `load_policy` makes the
-member a `LoadedPolicy` (`trellis.load`): `policy(obs)` gives the greedy action (or a sampled
-one), keeping a recurrent agent's state between calls, and `policy.export(DIR)` writes
+`rebuild` rebuilds a run's agent from its config.json, and `Rebuilt.member` restores the member
+its agent's kind says (`session.restore_run_member`: a host learner's params, an anakin
+population's member, an evolution strategy's mean); evaluate.py plays what it gives.
+`load_policy` makes the member a `LoadedPolicy` (`trellis.load`): `policy(obs)` gives the
+greedy action (or a sampled one), keeping a recurrent agent's state between calls, and
+`policy.export(DIR)` writes
 DIR/policy.jax, `jax.export`'s serialized function from a batch of observations to a batch of
 greedy actions with the params inside, and DIR/spec.json, what the function takes and gives:
 jax alone runs it (`jax.export.deserialize(open(DIR/policy.jax, "rb").read()).call(obs)`).
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trellis.builders.contract.agent import Acting, Policy, State
+from trellis.builders.contract.agent import SELF_PLAY, Acting, Policy, State
 from trellis.builders.experiments.restore import Member, PolicyMember, Wanted
 from trellis.builders.experiments.session import restore_run_member
 from trellis.envs.contract import EnvFactory
@@ -45,46 +46,55 @@ class LoadError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Restored:
-    """A run's member restored from its checkpoint, with what it was built from.
+class Rebuilt:
+    """A run's agent and envs, rebuilt from the settings its config.json saved (no flags, no
+    defaults re-parsed).
 
     Attributes:
-      settings: the run's saved settings (its config.json).
+      run_dir: the run directory.
+      settings: the run's saved settings.
       builder: the run's agent.
       env_factory: the run's envs.
-      member: the member (`restore.Member`): it plays.
     """
 
+    run_dir: str
     settings: RunSettings
     builder: Any
     env_factory: EnvFactory
-    member: Member
+
+    def member(self, step: int | None = None, member: int = 0,
+               opponent: str | None = None) -> Member:
+        """The run's member at checkpoint `step` (None: the newest), restored as its agent's
+        kind says (`session.restore_run_member`); it plays.
+
+        Args:
+          step: the checkpoint's env steps; None: the newest.
+          member: an anakin population's member.
+          opponent: a self-play run's baseline (None: the run's own).
+
+        Raises:
+          builders.experiments.restore.RestoreError: the run has no checkpoints.
+          builders.experiments.checkpointing.CheckpointError: no such checkpoint, or
+            unreadable.
+          builders.experiments.anakin_run.AnakinError: no such member.
+        """
+        options = self.settings.options
+        wanted = Wanted(self.run_dir, options.platform, options.num_seeds, step, member,
+                        opponent)
+        return restore_run_member(self.builder, self.env_factory, self.settings.experiment,
+                                  wanted)
 
 
-def restore(run_dir: str, step: int | None = None, member: int = 0,
-            opponent: str | None = None) -> Restored:
-    """The run's member at checkpoint `step` (None: the newest), rebuilt from the settings its
-    config.json saved (no flags, no defaults re-parsed).
-
-    Args:
-      run_dir: the run directory.
-      step: the checkpoint's env steps; None: the newest.
-      member: an anakin population's member.
-      opponent: a self-play run's baseline (None: the run's own).
+def rebuild(run_dir: str) -> Rebuilt:
+    """The run's agent and envs (`Rebuilt`).
 
     Raises:
       trellis.launch.flags.UsageError: no config.json, or invalid settings in it.
       ValueError: an extra the run needs is not installed.
-      builders.experiments.restore.RestoreError: the run has no checkpoints.
-      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
-      builders.experiments.anakin_run.AnakinError: no such member.
     """
     settings = load_run(run_dir)
     builder, env_factory = settings.build()
-    wanted = Wanted(run_dir, settings.options.platform, settings.options.num_seeds, step,
-                    member, opponent)
-    return Restored(settings, builder, env_factory,
-                    restore_run_member(builder, env_factory, settings.experiment, wanted))
+    return Rebuilt(run_dir, settings, builder, env_factory)
 
 
 def load_policy(run_dir: str, step: int | None = None, member: int = 0,
@@ -98,23 +108,26 @@ def load_policy(run_dir: str, step: int | None = None, member: int = 0,
       seed: the key of sampled actions.
 
     Raises:
-      LoadError: the run's agent acts by search (AlphaZero), not by a policy of observations.
-      And what `restore` raises.
+      LoadError: the run's agent plays by search (AlphaZero), not by a policy of observations.
+      And what `rebuild` and `Rebuilt.member` raise.
     """
-    restored = restore(run_dir, step, member)
-    if not isinstance(restored.member, PolicyMember):
-        agent = restored.settings.options.agent
+    rebuilt = rebuild(run_dir)
+    agent = rebuilt.settings.options.agent
+    if rebuilt.builder.capabilities.learns_from == SELF_PLAY:
         raise LoadError(f"{agent}'s player is a tree search over the game's state, not a policy "
                         f"of observations: `evaluate.py {run_dir}` plays it against baselines")
-    builder: Acting[Any] = restored.builder
-    spec = restored.env_factory.spec()
+    restored = rebuilt.member(step, member)
+    # Every kind but self-play restores an acting policy's member (session.EXECUTIONS).
+    assert isinstance(restored, PolicyMember), restored
+    builder: Acting[Any] = rebuilt.builder
+    spec = rebuilt.env_factory.spec()
     networks = builder.make_networks(spec)
     return LoadedPolicy(
-        agent=restored.settings.options.agent, env_id=restored.env_factory.env_id, spec=spec,
-        step=restored.member.step, params=restored.member.params,
+        agent=agent, env_id=rebuilt.env_factory.env_id, spec=spec, step=restored.step,
+        params=restored.params,
         greedy=acting(builder.make_policy(networks, evaluation=True), spec),
         sampled=acting(builder.make_policy(networks, evaluation=False), spec),
-        initial_state=restored.member.initial_state, key=jax.random.PRNGKey(seed))
+        initial_state=restored.initial_state, key=jax.random.PRNGKey(seed))
 
 
 def acting(policy: Policy, spec: EnvSpec | MultiAgentSpec) -> Act:

@@ -180,6 +180,45 @@ def test_train_takes_an_env_object(tmp_path):
     assert policy.env_id == env_id and policy(np.zeros(4, np.float32)) in (0, 1)
 
 
+def test_a_recurrent_policy_keeps_its_state_and_exports_it(tmp_path, capsys):
+    """R2D2 (an LSTM, trained from a replay node): the state carries from call to call until
+    `reset`, and the exported function takes and gives it. evaluate.py plays the run too (its
+    member restored from the training state, without the replay node's client)."""
+    run = trellis.train(agent="r2d2", env="CartPole-v1", platform="local_mt",
+                        total_env_steps=2_000, quiet=True, logdir=str(tmp_path / "r2d2"))
+    policy = run.load()
+    assert policy.recurrent
+    obs = np.random.default_rng(0).normal(size=(6, 20, 4)).astype(np.float32)  # [T, N, 4]
+    actions = [policy(o) for o in obs]
+    state = {k: np.asarray(v) for k, v in policy._state.items()}
+    assert np.abs(state["h"]).sum() > 0  # The LSTM moved from its zero start.
+    policy.reset()
+    np.testing.assert_array_equal(policy(obs[0]), actions[0])
+
+    policy.export(str(tmp_path / "exported"))
+    spec = json.loads((tmp_path / "exported" / SPEC_FILE).read_text())
+    assert spec["recurrent"] and spec["call"] == "(obs, state, first) -> (actions, state)"
+    with open(tmp_path / "exported" / FUNCTION_FILE, "rb") as f:
+        exported = jax.export.deserialize(bytearray(f.read()))
+    carried = {k: np.zeros((20, *v["shape"]), v["dtype"]) for k, v in spec["state"].items()}
+    for t, o in enumerate(obs):
+        step_actions, carried = exported.call(o, carried, np.full(20, t == 0))
+        np.testing.assert_array_equal(step_actions, actions[t])
+    np.testing.assert_allclose(carried["h"], state["h"], rtol=1e-5, atol=1e-6)
+
+    assert evaluate.main([run.directory, "--episodes=2"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["episodes"] == 2
+
+
+def test_alphazero_is_refused_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"command_line": {
+        "agent": "alphazero", "env": "pgx:tic_tac_toe", "platform": "anakin"},
+        "experiment": {}, "agent_config": {}}))
+    with pytest.raises(LoadError, match=r"^alphazero's player is a tree search .* plays it "
+                                         r"against baselines$"):
+        trellis.load(str(tmp_path))
+
+
 def test_the_trellis_command(ppo_run, tmp_path):
     def trellis_command(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "trellis", *args], capture_output=True,
@@ -214,3 +253,44 @@ def test_an_impala_local_mp_run_exports(tmp_path):
                         stop_at_return=SOLVED, logdir=str(tmp_path / "impala"), quiet=True)
     assert run.summary["stopped_by"] == "return_target"
     _assert_exports_a_solver(run.directory, tmp_path / "exported")
+
+
+@pytest.mark.slow
+def test_an_es_run_loads_its_mean(tmp_path):
+    """Evolution strategies: the policy is the search's mean, deterministic (the search
+    explores in parameter space), so sampled actions are the greedy ones."""
+    run = trellis.train(agent="es", env="gymnax:CartPole-v1", platform="anakin",
+                        total_env_steps=20_000, quiet=True, logdir=str(tmp_path / "es"))
+    policy = run.load()
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(policy(obs, sample=True), policy(obs))
+    policy.export(str(tmp_path / "exported"))
+    with open(tmp_path / "exported" / FUNCTION_FILE, "rb") as f:
+        exported = jax.export.deserialize(bytearray(f.read()))
+    np.testing.assert_array_equal(exported.call(obs), policy(obs))
+
+
+@pytest.mark.slow
+def test_a_multi_agent_policy_takes_and_gives_a_dict(tmp_path):
+    """IPPO on the warehouses (three agents, JAX): {agent: obs} in, {agent: action} out, for
+    one step or a batch, and the same from the exported function."""
+    run = trellis.train(agent="ippo", env="warehouses", platform="anakin",
+                        total_env_steps=2_000, unroll_length=8, batch_size=4,
+                        num_minibatches=2, quiet=True, logdir=str(tmp_path / "ippo"))
+    policy = run.load()
+    agents = policy.spec.agents
+    rng = np.random.default_rng(0)
+    batch = {a: rng.normal(size=(5, *s.observation_shape)).astype(np.float32)
+             for a, s in policy.spec.specs.items()}
+    actions = policy(batch)
+    assert set(actions) == set(agents) and all(actions[a].shape == (5,) for a in agents)
+    one = policy({a: x[0] for a, x in batch.items()})
+    assert {a: int(v) for a, v in one.items()} == {a: int(actions[a][0]) for a in agents}
+    with pytest.raises(LoadError, match="observes {agent: obs} for the agents"):
+        policy({agents[0]: batch[agents[0]]})
+    policy.export(str(tmp_path / "exported"))
+    with open(tmp_path / "exported" / FUNCTION_FILE, "rb") as f:
+        exported = jax.export.deserialize(bytearray(f.read()))
+    called = exported.call(batch)
+    for a in agents:
+        np.testing.assert_array_equal(called[a], actions[a])

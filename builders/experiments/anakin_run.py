@@ -41,7 +41,6 @@ from trellis.builders.experiments.restore import (
     PolicyMember,
     Wanted,
     policy_member,
-    restore_learner,
     restore_state,
 )
 from trellis.builders.experiments.schedule import (
@@ -181,9 +180,13 @@ def restore_gradient_member(builder: Builder[Any], env_factory: EnvFactory,
     spec = env_factory.spec()
     networks = builder.make_networks(spec)
     if wanted.platform != ANAKIN:
-        return restore_learner(builder, env_factory, networks,
-                               builder.make_learner(networks, spec, jax.random.PRNGKey(0)),
-                               wanted)
+        # The learner's checkpointed state is its Training's; a learner itself is not made:
+        # one that learns from a replay node (R2D2) needs that node's client.
+        training = builder.make_training(networks, spec)
+        target = jax.jit(training.init)(jax.random.PRNGKey(0))
+        state, step, progress = restore_state(wanted.run_dir, target, wanted.step)
+        return policy_member(builder, env_factory, networks, training.acting_params(state),
+                             step, progress)
     anakin, params, step, progress = restore_member(builder, env_factory, config,
                                                     wanted.num_seeds, wanted.run_dir,
                                                     wanted.step, wanted.member)
