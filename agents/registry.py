@@ -22,6 +22,7 @@ AGENTS = {
     "ippo": "trellis.agents.ppo.ippo",
     "mappo": "trellis.agents.ppo.mappo",
     "ppo": "trellis.agents.ppo",
+    "pqn": "trellis.agents.pqn",
     "r2d2": "trellis.agents.r2d2",
     "sac": "trellis.agents.sac",
     "td3": "trellis.agents.td3",

@@ -1,0 +1,82 @@
+"""PQN's Q-networks: layer norm after every hidden layer, the paper's replacement for a
+target network (Gallici et al., 2024, section 4: it keeps TD stable without one)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from trellis.agents.common.params import Params, pure_apply
+from trellis.envs.specs import EnvSpec
+
+
+class LayerNormMLP(nn.Module):
+    """Dense, layer norm, relu per hidden layer, on flattened vector observations
+    (purejaxql's gymnax network: HIDDEN_SIZE x NUM_LAYERS, NORM_TYPE layer_norm)."""
+
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., H]
+        x = x.reshape(x.shape[: x.ndim - 1] + (-1,)).astype(jnp.float32)
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.LayerNorm()(nn.Dense(size)(x)))
+        return x
+
+
+class LayerNormMinAtarTorso(nn.Module):
+    """The MinAtar paper's body (Young & Tian, 2019: one unpadded 3x3 conv of 16 channels,
+    then 128 units) with a layer norm after each of its two layers, as PQN's MinAtar network
+    has them. The 0/1 planes go in unscaled (the layer norm after the conv makes their scale
+    immaterial)."""
+
+    hidden_size: int = 128
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., H, W, C] -> [..., hidden]
+        batch_shape = x.shape[:-3]
+        x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32)
+        x = nn.relu(nn.LayerNorm()(nn.Conv(16, (3, 3), padding="VALID")(x)))
+        x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden_size)(x.reshape((x.shape[0], -1)))))
+        return x.reshape(batch_shape + (self.hidden_size,))
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) = a linear head on the torso."""
+
+    num_actions: int
+    torso: nn.Module
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:  # [..., *obs_shape] -> [..., A]
+        return nn.Dense(self.num_actions)(self.torso(obs))
+
+
+@dataclasses.dataclass(frozen=True)
+class PQNNetworks:
+    """Pure functions: `init(key) -> params`, `apply(params, obs) -> q_values [..., A]`."""
+
+    init: Callable[[jax.Array], Params]
+    apply: Callable[[Params, jax.Array], jax.Array]
+    num_actions: int
+
+
+def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int]) -> PQNNetworks:
+    """The layer-normed MLP for vector observations, the layer-normed MinAtar torso for grids
+    ([H, W, C]).
+
+    Raises:
+      ValueError: continuous actions (Q-learning needs a finite action set).
+    """
+    if spec.num_actions is None:
+        raise ValueError("PQN needs discrete actions; use --agent=ppo or sac for Box actions.")
+    torso = LayerNormMinAtarTorso() if spec.pixels else LayerNormMLP(tuple(hidden_sizes))
+    net = QNetwork(spec.num_actions, torso)
+    dummy = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    return PQNNetworks(init=lambda key: net.init(key, dummy), apply=pure_apply(net),
+                       num_actions=spec.num_actions)
