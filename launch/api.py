@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trellis.builders.experiments.rundir import METRICS, new_run_dir
+from trellis.builders.experiments.rundir import METRICS
 from trellis.envs import register
 from trellis.envs.objects import as_env_factory
 from trellis.launch import run as run_command
@@ -58,33 +58,33 @@ class Run:
         return load(self.directory, **kwargs)
 
 
-def train(agent: str = "impala", env: object = "CartPole-v1", platform: str | None = None,
+def train(agent: str | None = None, env: object = None, platform: str | None = None,
           **settings: Any) -> Run:
     """Trains `agent` on `env` until the settings say stop, as `run.py` would.
 
     Args:
-      agent: an agent's name (--agent).
-      env: an env id (--env), or an env object (see the module docstring).
+      agent: an agent's name (--agent); None: the command line's default (impala), or the
+        resumed run's.
+      env: an env id (--env), or an env object (see the module docstring); None: the command
+        line's default (CartPole-v1), or the resumed run's.
       platform: local_mt, local_mp, ray or anakin (--platform); None: the command line's
-        default.
+        default (local_mp: a script that runs it needs Python's `if __name__ == "__main__":`
+        guard, as any multiprocessing does).
       **settings: any of the command line's settings by name (`run.py --agent=AGENT --help`
-        lists them), e.g. `stop_at_return=450`, `logdir="runs/mine"`, `quiet=True`;
-        `env_kwargs` may be a dict.
+        lists them), e.g. `stop_at_return=450`, `logdir="runs/mine"`, `quiet=True`,
+        `resume=RUN_DIR`; `env_kwargs` may be a dict.
 
     Returns:
-      The run: its directory and summary (`Run`).
+      The run: its directory and summary (`Run`); the summary's `exit_code` is not 0 where
+      a node failed (its `error` says why).
 
     Raises:
       trellis.launch.flags.UsageError: a bad setting (one line naming it and what is allowed).
       trellis.launch.run.RunError: the run cannot start (its directory holds a run, ...).
       TypeError: `env` is neither an id nor an env object.
     """
-    values: dict[str, Any] = {"agent": agent, "env": env_id(env), **settings}
-    if platform is not None:
-        values["platform"] = platform
-    if values.get("logdir") is None and values.get("resume") is None:
-        # run.py's default directory, named here so that it is known if the run fails.
-        values["logdir"] = new_run_dir(agent, values["env"])
+    given = {"agent": agent, "env": None if env is None else env_id(env), "platform": platform}
+    values = {**{k: v for k, v in given.items() if v is not None}, **settings}
     argv = [f"--{name}={_text(value)}" for name, value in values.items()]
     with run_command.launching(argv):
         run_dir, summary = run_command.execute(parse(argv, prog="trellis.train"), argv)
