@@ -9,6 +9,7 @@ or a node's error). `--resume RUN_DIR` continues a run from its newest checkpoin
 
 Every field of the experiment's and the agent's config is a flag (launch/flags.py;
 `--agent=X --help` lists them); `--config=FILE` sets them from a JSON or YAML file.
+`--list_presets` lists the env families and the presets each agent has for them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ from trellis.builders.experiments.rundir import (  # noqa: E402
     claim,
     new_run_dir,
 )
-from trellis.launch.flags import ANAKIN, RunSettings, UsageError, parse, platform_of  # noqa: E402
+from trellis.launch.flags import (  # noqa: E402
+    ANAKIN,
+    RunSettings,
+    UsageError,
+    list_presets,
+    parse,
+    platform_of,
+)
 
 
 class RunError(Exception):
@@ -151,6 +159,9 @@ def launching(argv: Sequence[str]) -> contextlib.ExitStack:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: parses `argv` (default: sys.argv), trains; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--list_presets" in argv:  # Not a run: nothing to parse.
+        print(list_presets())
+        return 0
     # Entered before parsing: checking a gymnax id starts JAX.
     with launching(argv):
         try:

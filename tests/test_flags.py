@@ -137,7 +137,8 @@ def test_every_setting_has_a_one_line_help(agent):
 
 def test_defaults_and_stop_at_return():
     result = flags.parse([])
-    assert result.options == flags.RunOptions()
+    # The env's family's preset applied: classic control's, the agent's own defaults.
+    assert result.options == dataclasses.replace(flags.RunOptions(), preset="classic")
     # auto: the env's Gymnasium reward_threshold; everything else the dataclass's default.
     assert result.experiment == ExperimentConfig(stop_at_return=475.0)
     assert result.agent == agent_module("impala").Config()

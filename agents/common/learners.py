@@ -146,8 +146,13 @@ class ReplayLearner(DataParallelLearner):
     Each `step` turns the unrolls from inference into n-step transitions in an in-process
     table (`agents.replay.TransitionReplay`) and, once it holds `min_replay_size`, samples
     `updates_per_step` minibatches of `sample_batch_size` and runs the update on them in one
-    jitted call. When the update returns `priorities` [U, S] they are written back, and new
-    transitions enter at the largest priority so far, so each is sampled at least once soon
+    jitted call: once per step, or with `replay_ratio` as many calls as the step's env steps
+    owe (ratio x env steps, the remainder carried to the next step), so the SGD steps per env
+    step hold whatever the batch's size. When the env workers outrun the learner its batches
+    grow (the learner batch follows the arrival rate) and so do its calls, while the bounded
+    unroll queue holds the workers back; when they lag, the learner waits for unrolls. When
+    the update returns `priorities` [U, S] they are written back, and new transitions enter at
+    the largest priority so far, so each is sampled at least once soon
     (Schaul et al., 2016); a uniform selector ignores priorities. The table is not
     checkpointed: a resumed run refills it before learning again.
 
@@ -178,6 +183,8 @@ class ReplayLearner(DataParallelLearner):
             selector, config.replay_size, obs_spec, action_spec, config.n_step, config.discount,
             seed=int(jax.random.randint(table_key, (), 0, 2**31 - 1)))
         self._max_priority = 1.0
+        self._owed = 0.0  # SGD steps the env steps learned from owe (with replay_ratio).
+        self._sgd_steps = 0
 
     def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The batch as it is: its unrolls go into the host table first."""
@@ -197,20 +204,42 @@ class ReplayLearner(DataParallelLearner):
           batch: unrolls {field: [T + 1, B, ...]} as recorded by inference.
 
         Returns:
-          The update's metrics (device scalars) and `replay_size`; only `replay_size`
-          before learning starts.
+          The last update's metrics (device scalars), `replay_size` and `sgd_steps` (all
+          this learner's SGD steps so far); without an update (the table still filling, or
+          with `replay_ratio` fewer steps owed than one call's) only those two.
         """
         c = self._config
         size = self.replay.add(batch, self._max_priority)
+        counts: Metrics = {"replay_size": size}
         if size < c.min_replay_size:
-            return {"replay_size": size}
+            return {**counts, "sgd_steps": self._sgd_steps}
+        metrics: Metrics = {}
+        for _ in range(self._calls(batch)):
+            metrics = self._update_once()
+        return {**metrics, **counts, "sgd_steps": self._sgd_steps}
+
+    def _calls(self, batch: Mapping[str, np.ndarray]) -> int:
+        """Calls of the update (`updates_per_step` SGD steps each) that `batch` earns."""
+        c = self._config
+        if c.replay_ratio is None:
+            return 1
+        first = batch["first"]  # [T + 1, B]
+        self._owed += c.replay_ratio * (first.shape[0] - 1) * first.shape[1]
+        calls = int(self._owed // c.updates_per_step)
+        self._owed -= calls * c.updates_per_step
+        return calls
+
+    def _update_once(self) -> Metrics:
+        """One jitted call: `updates_per_step` SGD steps on fresh samples, priorities written
+        back."""
+        c = self._config
         minibatches, keys = self.replay.sample(c.updates_per_step, c.sample_batch_size)
         metrics = dict(super().step(minibatches))
+        self._sgd_steps += c.updates_per_step
         if "priorities" in metrics:
             priorities = np.asarray(metrics.pop("priorities"), np.float64).reshape(-1)
             # An item drawn twice keeps its latest priority.
             self.replay.table.update_priorities(dict(zip(keys.tolist(), priorities.tolist(),
                                                          strict=True)))
             self._max_priority = max(self._max_priority, float(priorities.max()))
-        metrics["replay_size"] = size
         return metrics

@@ -3,10 +3,11 @@ a deterministic policy, with Ape-X-style distributed acting into uniform or prio
 replay; SEED-style central inference."""
 
 from trellis.agents.d4pg.builder import D4PGBuilder
-from trellis.agents.d4pg.config import D4PGConfig
+from trellis.agents.d4pg.config import MUJOCO, D4PGConfig
 
-# The names agents/registry.py looks up.
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/presets.md).
 Builder = D4PGBuilder
 Config = D4PGConfig
+PRESETS = {"mujoco": MUJOCO}
 
-__all__ = ["Builder", "Config", "D4PGBuilder", "D4PGConfig"]
+__all__ = ["PRESETS", "Builder", "Config", "D4PGBuilder", "D4PGConfig"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from trellis.agents.common.continuous import ActorCriticConfig
+from trellis.agents.presets import Preset
 from trellis.builders.contract.config import setting
 
 
@@ -43,3 +44,38 @@ class D4PGConfig(ActorCriticConfig):
     @property
     def prioritized(self) -> bool:
         return self.priority_exponent > 0
+
+
+# `--preset=mujoco` (chosen by itself for Gymnasium's MuJoCo envs; docs/presets.md): neither
+# RL Baselines3 Zoo nor CleanRL has D4PG, so Acme's own run on Gymnasium's MuJoCo envs
+# (examples/baselines/rl_continuous/run_d4pg.py: its networks, vmax 1,000 for "gym" envs,
+# learning rate 3e-4 and sigma 0.2, on acme/agents/jax/d4pg/config.py's defaults). Acme's
+# samples_per_insert 32 with batches of 256 is 1/8 of an update per env step: the replay
+# ratio 0.125. Acme copies its target networks every 100 updates; Trellis tracks them by
+# Polyak averaging (tau stays Trellis's 0.005).
+_ACME = ("Acme examples/baselines/rl_continuous/run_d4pg.py on acme/agents/jax/d4pg/config.py's "
+         "defaults")
+_TRELLIS = "Trellis: acting in 2 x 4 envs, each learner step's unrolls; no counterpart"
+MUJOCO = Preset(
+    source=_ACME,
+    settings={
+        "min_replay_size": 1_000,
+        "replay_ratio": 0.125,  # samples_per_insert 32 / batch_size 256.
+        "learning_rate": 3e-4,
+        "replay_size": 1_000_000,
+        "sample_batch_size": 256,
+        "discount": 0.99,
+        "n_step": 5,
+        "hidden_sizes": (256, 256, 256),
+        "num_atoms": 51,
+        "v_min": -1000.0,
+        "v_max": 1000.0,
+        "exploration_noise": 0.2,  # sigma, on actions scaled to [-1, 1].
+        "num_actors": 2,
+        "envs_per_actor": 4,
+        "unroll_length": 8,
+        "batch_size": 8,
+        "updates_per_step": 8,
+    },
+    sources={name: _TRELLIS for name in ("num_actors", "envs_per_actor", "unroll_length",
+                                         "batch_size", "updates_per_step")})

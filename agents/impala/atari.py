@@ -8,7 +8,9 @@ one GPU). The learning rate falls linearly to 0 over the run's env-step budget, 
 does over its frames.
 """
 
-ATARI = {
+from trellis.agents.presets import Preset
+
+_SETTINGS = {
     # Network: the deep residual torso (Figure 3, right).
     "pixel_torso": "resnet",
     # Learning.
@@ -35,3 +37,8 @@ ATARI = {
     "frame_size": 84,
     "noop_max": 30,
 }
+ATARI = Preset(
+    source="Espeholt et al. (2018), IMPALA, the appendix's Atari hyper-parameters and Figure 3",
+    settings=_SETTINGS,
+    sources={"learner_batch": "Trellis: the paper's 32 unrolls per update, fixed (the comment "
+                              "above says why)"})

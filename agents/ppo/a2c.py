@@ -4,9 +4,11 @@ A2CConfig, which says why); nothing of PPO is copied."""
 
 from trellis.agents.ppo.builder import PPOBuilder
 from trellis.agents.ppo.config import A2CConfig
+from trellis.agents.presets import MINATAR
 
-# The names agents/registry.py looks up.
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/presets.md).
 Builder = PPOBuilder
 Config = A2CConfig
+PRESETS = {"minatar": MINATAR}
 
-__all__ = ["A2CConfig", "Builder", "Config"]
+__all__ = ["PRESETS", "A2CConfig", "Builder", "Config"]

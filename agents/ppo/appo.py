@@ -5,10 +5,11 @@ advantages, for the command line (`--agent=appo`): PPO's builder with the preset
 from trellis.agents.ppo.atari import APPO_ATARI
 from trellis.agents.ppo.builder import PPOBuilder
 from trellis.agents.ppo.config import APPOConfig
+from trellis.agents.presets import MINATAR
 
-# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/atari.md).
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/presets.md).
 Builder = PPOBuilder
 Config = APPOConfig
-PRESETS = {"atari": APPO_ATARI}
+PRESETS = {"atari": APPO_ATARI, "minatar": MINATAR}
 
 __all__ = ["PRESETS", "APPOConfig", "Builder", "Config"]

@@ -16,6 +16,8 @@ the actor and the critic share one torso (`shared_torso`: cleanrl's network, Sam
 default `actor_critic_share_weights=True`).
 """
 
+from trellis.agents.presets import Preset
+
 # The settings both sources use.
 _COMMON = {
     # One learner batch: 8 unrolls of 128 steps (cleanrl's 8 envs x 128 steps), 4 epochs of 4
@@ -49,5 +51,8 @@ _COMMON = {
 }
 
 # cleanrl clips the value change too (clip_vloss, with the policy's clip range).
-PPO_ATARI = {**_COMMON, "value_clip_epsilon": 0.1}
-APPO_ATARI = dict(_COMMON)
+PPO_ATARI = Preset(source="CleanRL cleanrl/ppo_atari.py (its Args' defaults and Atari wrappers)",
+                   settings={**_COMMON, "value_clip_epsilon": 0.1})
+APPO_ATARI = Preset(source="Sample Factory sf_examples/atari/atari_params.py "
+                           "(atari_override_defaults)",
+                    settings=_COMMON)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from trellis.agents.presets import Preset
 from trellis.builders.contract.config import AgentConfig, setting
 
 # The defaults that differ on a platform; run.py applies them (flags, --config and --resume
@@ -120,3 +121,36 @@ class A2CConfig(PPOConfig):
     # did not in 500,000 with PPO's 16 x 64 (one step per batch needs more batches).
     unroll_length: int = 8
     batch_size: int = 16
+
+
+
+# `--preset=mujoco` (chosen by itself for Gymnasium's MuJoCo envs; docs/presets.md): CleanRL's
+# ppo_continuous_action.py (Huang et al., 2022; "The 37 Implementation Details of PPO"): one env
+# of 2,048 steps per batch, 10 epochs of 32 minibatches, the learning rate annealed to 0.
+# Where Trellis differs: CleanRL also normalises rewards by a running return's variance and
+# clips observations and rewards to +-10 (Trellis normalises observations only), and its
+# 64 x 64 torso uses tanh and orthogonal initialisation (Trellis's MLP torso's own).
+_CLEANRL = "CleanRL cleanrl/ppo_continuous_action.py (its Args' defaults and env wrappers)"
+MUJOCO = Preset(
+    source=_CLEANRL,
+    settings={
+        "num_actors": 1,  # num_envs 1.
+        "envs_per_actor": 1,
+        "unroll_length": 2048,  # num_steps.
+        "batch_size": 1,
+        "num_epochs": 10,  # update_epochs.
+        "num_minibatches": 32,
+        "learning_rate": 3e-4,
+        "learning_rate_schedule": "linear",  # anneal_lr.
+        "adam_eps": 1e-5,
+        "discount": 0.99,
+        "gae_lambda": 0.95,
+        "normalize_advantages": True,
+        "clip_epsilon": 0.2,
+        "value_clip_epsilon": 0.2,  # clip_vloss, with the policy's clip range.
+        "entropy_cost": 0.0,
+        "value_cost": 0.5,
+        "max_grad_norm": 0.5,
+        "hidden_sizes": (64, 64),
+        "normalize_observations": True,  # gym.wrappers.NormalizeObservation.
+    })

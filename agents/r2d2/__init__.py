@@ -5,7 +5,7 @@ from trellis.agents.r2d2.atari import ATARI
 from trellis.agents.r2d2.builder import R2D2Builder
 from trellis.agents.r2d2.config import R2D2Config
 
-# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/atari.md).
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/presets.md).
 Builder = R2D2Builder
 Config = R2D2Config
 PRESETS = {"atari": ATARI}

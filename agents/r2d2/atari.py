@@ -12,7 +12,9 @@ network does not take the previous action and reward as inputs, and its conv tor
 2013 DQN paper's smaller one, not the Nature DQN's that SEED uses.
 """
 
-ATARI = {
+from trellis.agents.presets import Preset
+
+_SETTINGS = {
     # Sequences: 80 steps learned from after a 40-step burn-in, a new one every 80 steps.
     "trace_length": 80,
     "burn_in": 40,
@@ -50,3 +52,8 @@ ATARI = {
     "frame_stack": 4,
     "frame_size": 84,
 }
+ATARI = Preset(source="SEED RL (Espeholt et al., 2020): gcp/train_atari.sh, atari/r2d2_main.py, "
+                      "agents/r2d2/learner.py, atari/env.py",
+               settings=_SETTINGS,
+               sources={"replay_size": "Trellis: SEED RL holds 100,000 sequences of single frames; "
+                                       "Trellis stores stacked frames (the docstring)"})

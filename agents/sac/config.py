@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from trellis.agents.common.continuous import ActorCriticConfig
+from trellis.agents.presets import Preset
 from trellis.builders.contract.config import setting
 
 
@@ -30,3 +31,37 @@ class SACConfig(ActorCriticConfig):
         super().check()
         if self.log_std_min >= self.log_std_max:
             raise self.invalid("log_std_min", f"< log_std_max = {self.log_std_max}")
+
+
+# `--preset=mujoco` (chosen by itself for Gymnasium's MuJoCo envs; docs/presets.md): RL
+# Baselines3 Zoo's SAC on MuJoCo (its published HalfCheetah, Hopper, Walker2d, Ant and Humanoid
+# runs), which sets only learning_starts and leaves the rest at Stable-Baselines3's SAC
+# defaults. SB3 does not clip gradients (Trellis's max_grad_norm stays 40) and acts in one env;
+# the replay ratio keeps its one update per env step over Trellis's envs.
+_ZOO = ("RL Baselines3 Zoo hyperparams/sac.yml (HalfCheetah-v3 &mujoco-defaults) on "
+        "Stable-Baselines3's SAC defaults")
+_TRELLIS = "Trellis: acting in 2 x 4 envs, each learner step's unrolls; no counterpart"
+MUJOCO = Preset(
+    source=_ZOO,
+    settings={
+        "min_replay_size": 10_000,  # The zoo's learning_starts.
+        "replay_ratio": 1.0,  # train_freq 1, gradient_steps 1.
+        "learning_rate": 3e-4,
+        "replay_size": 1_000_000,
+        "sample_batch_size": 256,
+        "tau": 0.005,
+        "discount": 0.99,
+        "n_step": 1,
+        "hidden_sizes": (256, 256),
+        "initial_temperature": 1.0,  # ent_coef "auto": learned, starting at 1.
+        "target_entropy": None,  # "auto": -action_dim.
+        "log_std_min": -20.0,  # SB3's LOG_STD_MIN and LOG_STD_MAX.
+        "log_std_max": 2.0,
+        "num_actors": 2,
+        "envs_per_actor": 4,
+        "unroll_length": 8,
+        "batch_size": 8,
+        "updates_per_step": 64,
+    },
+    sources={name: _TRELLIS for name in ("num_actors", "envs_per_actor", "unroll_length",
+                                         "batch_size", "updates_per_step")})

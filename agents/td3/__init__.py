@@ -3,10 +3,11 @@ smoothing on DDPG, with uniform replay; SEED-style central inference. `--agent=d
 preset with the three tricks off (agents/td3/ddpg.py)."""
 
 from trellis.agents.td3.builder import TD3Builder
-from trellis.agents.td3.config import TD3Config
+from trellis.agents.td3.config import MUJOCO, TD3Config
 
-# The names agents/registry.py looks up.
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/presets.md).
 Builder = TD3Builder
 Config = TD3Config
+PRESETS = {"mujoco": MUJOCO}
 
-__all__ = ["Builder", "Config", "TD3Builder", "TD3Config"]
+__all__ = ["PRESETS", "Builder", "Config", "TD3Builder", "TD3Config"]

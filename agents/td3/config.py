@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from trellis.agents.common.continuous import ActorCriticConfig
+from trellis.agents.presets import Preset
 from trellis.builders.contract.config import setting
 
 
@@ -41,3 +42,36 @@ class DDPGConfig(TD3Config):
     twin_critics: bool = False
     policy_delay: int = 1
     target_noise: float = 0.0
+
+
+# `--preset=mujoco` (chosen by itself for Gymnasium's MuJoCo envs; docs/presets.md): CleanRL's
+# td3_continuous_action.py (Huang et al., 2022), whose noise scales are half-ranges of the
+# action as Trellis's are. CleanRL acts in one env and does not clip gradients (Trellis's
+# max_grad_norm stays 40); the replay ratio keeps its one update per env step.
+_CLEANRL = "CleanRL cleanrl/td3_continuous_action.py (its Args' defaults)"
+_TRELLIS = "Trellis: acting in 2 x 4 envs, each learner step's unrolls; no counterpart"
+MUJOCO = Preset(
+    source=_CLEANRL,
+    settings={
+        "min_replay_size": 25_000,  # learning_starts.
+        "replay_ratio": 1.0,  # One update per env step.
+        "learning_rate": 3e-4,
+        "replay_size": 1_000_000,
+        "sample_batch_size": 256,
+        "tau": 0.005,
+        "discount": 0.99,
+        "n_step": 1,
+        "hidden_sizes": (256, 256),
+        "twin_critics": True,
+        "policy_delay": 2,  # policy_frequency.
+        "exploration_noise": 0.1,
+        "target_noise": 0.2,  # policy_noise.
+        "target_noise_clip": 0.5,
+        "num_actors": 2,
+        "envs_per_actor": 4,
+        "unroll_length": 8,
+        "batch_size": 8,
+        "updates_per_step": 64,
+    },
+    sources={name: _TRELLIS for name in ("num_actors", "envs_per_actor", "unroll_length",
+                                         "batch_size", "updates_per_step")})

@@ -370,8 +370,18 @@ class ReplayConfig(AgentConfig):
     replay_size: int = setting(100_000, "transitions the replay table holds", ge=1)
     min_replay_size: int = setting(
         2_000, "no updates before the table holds this many transitions", ge=1)
-    updates_per_step: int = setting(32, "SGD steps per learner step", ge=1)
+    updates_per_step: int = setting(
+        32, "SGD steps per learner step; with --replay_ratio, per compiled call (the ratio's "
+        "granularity)", ge=1)
     sample_batch_size: int = setting(128, "transitions sampled per SGD step", ge=1)
+    # The published off-policy runs fix updates per env step (SAC's and TD3's one); a learner
+    # step's unrolls vary in number (the learner batch follows the arrival rate), so only a
+    # ratio holds whether the env workers outrun the learner or lag behind it.
+    replay_ratio: float | None = setting(
+        None, "SGD steps per env step once the table holds min_replay_size, e.g. 1.0 (SAC's "
+        "and TD3's one update per env step): each learner step runs as many calls of "
+        "updates_per_step as its unrolls' env steps owe; anakin: round(replay_ratio x "
+        "batch_size x unroll_length) per iteration; none: one call per learner step", gt=0)
 
     def check(self) -> None:
         if self.min_replay_size > self.replay_size:

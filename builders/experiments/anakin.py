@@ -98,8 +98,12 @@ class ReplaySettings:
 
     @classmethod
     def of(cls, config: Any) -> ReplaySettings:
+        """From a `ReplayConfig`; with its `replay_ratio`, the updates of each iteration's
+        batch_size x unroll_length env steps (at least one)."""
+        updates = config.updates_per_step if config.replay_ratio is None else max(
+            1, round(config.replay_ratio * config.batch_size * config.unroll_length))
         return cls(config.n_step, config.discount, config.replay_size, config.min_replay_size,
-                   config.updates_per_step, config.sample_batch_size)
+                   updates, config.sample_batch_size)
 
 
 @dataclasses.dataclass(frozen=True)

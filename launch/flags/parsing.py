@@ -17,7 +17,7 @@ from trellis.envs import UnknownEnvError
 from trellis.envs.atari import is_atari_factory
 from trellis.launch.flags.env_options import env_factory
 from trellis.launch.flags.platform_choice import chosen_platform, given_options
-from trellis.launch.flags.presets import preset_settings
+from trellis.launch.flags.presets import ATARI, preset_settings, resolve_preset
 from trellis.launch.flags.run_settings import AtariConfig, RunOptions, RunSettings
 from trellis.launch.flags.table import flag_parser, given_flags
 from trellis.launch.flags.values import AUTO, UsageError, quoted, requirement
@@ -99,11 +99,12 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
     # Below everything given: the agent's own defaults for the platform (e.g. PPO on anakin),
-    # then its preset's, which --help shows too.
+    # then its preset's (the env family's unless one is named), which --help shows too.
     platform = chosen_platform(given, base, defaults)
+    preset = resolve_preset(agent, given.get("env", base.get("env", RunOptions.env)),
+                            given.get("preset", base.get("preset", RunOptions.preset)))
     defaults = {**getattr(agent_module(agent), "PLATFORM_DEFAULTS", {}).get(platform, {}),
-                **preset_settings(agent, given.get("preset", base.get("preset"))),
-                **(defaults or {})}
+                **preset_settings(agent, preset), **(defaults or {})}
 
     titles = ("command line", "experiment (ExperimentConfig)",
               f"agent {agent} ({agent_config.__name__})",
@@ -121,7 +122,8 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     if given.get("resume") is not None:
         given["logdir"] = given["resume"]
     origin.update(dict.fromkeys(given, "--"))
-    values = {"env": RunOptions.env, "stop_at_return": AUTO, **defaults, **base, **given}
+    values = {"env": RunOptions.env, "stop_at_return": AUTO, **defaults, **base, **given,
+              "preset": preset}  # The one that applied: config.json records it.
     _check_env(values, platform)
     run = _build(values, origin, agent_config)
     run.population_hparams()  # Its errors here, before anything starts.
@@ -142,8 +144,7 @@ def _check_env(values: dict[str, Any], platform: str) -> None:
         raise UsageError(str(e)) from None
     atari = sorted(s.name for s in settings(AtariConfig) if values.get(s.name) is not None)
     if atari and not is_atari_factory(factory):
-        preset = values.get("preset")
-        what = (f"--preset={preset} is" if preset is not None
+        what = (f"--preset={ATARI} is" if values.get("preset") == ATARI
                 else f"the Atari settings ({', '.join(atari)}) are")
         raise UsageError(f"{what} for Atari envs (ALE/NAME-v5, envpool:NAME-v5), not "
                          f"--env={values['env']}")

@@ -54,8 +54,10 @@ class RunOptions(Config):
         "to Weights & Biases or MLflow (the extra of the same name; docs/configuration.md)",
         choices=TRACKERS)
     preset: str | None = setting(
-        None, "a published source's settings for the agent on a family of envs (atari: "
-        "docs/atari.md); settings given in a --config file or as flags override them",
+        "auto", "a published source's settings for the agent on a family of envs (atari, "
+        "mujoco, minatar, classic: docs/presets.md, run.py --list_presets); auto: the env's "
+        "family's where the agent has it; none: the agent's defaults; settings given in a "
+        "--config file or as flags override them; config.json records the one that applied",
         choices=PRESET_NAMES)
     no_compile_cache: bool = setting(
         False, "compile every jitted program afresh instead of using JAX's persistent "
