@@ -67,6 +67,47 @@ def physics_spec(env: Any) -> EnvSpec:
     return spec_from_spaces(observations, actions)
 
 
+# The pictures of physics envs (videos): MuJoCo's renderer at this size, its default camera.
+FRAME_HEIGHT, FRAME_WIDTH = 240, 320
+
+
+class MujocoDrawing:
+    """Draws states of one MuJoCo model on the host: a renderer and the data it reads, made
+    once (each renderer opens an OpenGL context).
+
+    MuJoCo picks its OpenGL platform when it is imported, from $MUJOCO_GL: without a display,
+    `MUJOCO_GL=egl` (or osmesa) must be in the environment before the process starts.
+
+    Raises:
+      UnknownEnvError: no OpenGL context could be opened (naming MUJOCO_GL).
+    """
+
+    def __init__(self, mj_model: Any, name: str):
+        self._mujoco = importlib.import_module("mujoco")
+        self._model = mj_model
+        try:
+            self._renderer = self._mujoco.Renderer(mj_model, FRAME_HEIGHT, FRAME_WIDTH)
+        except Exception as e:  # mujoco.FatalError, or what the GL platform's import raises.
+            raise UnknownEnvError(
+                f"{name}: MuJoCo could not open an OpenGL context to draw ({type(e).__name__}: "
+                f"{e}); start the process with MUJOCO_GL=egl (or osmesa) in the environment"
+            ) from e
+        self._data = self._mujoco.MjData(mj_model)
+
+    def draw(self, qpos: Any, qvel: Any) -> np.ndarray:
+        """The picture of the model at joint positions `qpos` and velocities `qvel`."""
+        self._data.qpos[:] = np.asarray(qpos)
+        self._data.qvel[:] = np.asarray(qvel)
+        self._mujoco.mj_forward(self._model, self._data)
+        self._renderer.update_scene(self._data)
+        return np.asarray(self._renderer.render(), np.uint8)
+
+
+@functools.cache
+def _drawing(name: str) -> MujocoDrawing:
+    return MujocoDrawing(_environment(name).sys.mj_model, PREFIX + name)
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeLimit:
     """The one env parameter `GymnaxView` reads, as gymnax names it."""
@@ -137,6 +178,12 @@ class BraxFactory:
     def spec(self) -> EnvSpec:
         self.validate()
         return physics_spec(_environment(self.brax_name))
+
+    def render(self, state: Any) -> np.ndarray:
+        """The picture of one env's `JaxEnv` state, drawn by MuJoCo from its joint positions
+        and velocities (the env contract's `RenderedJaxEnvFactory`; `MujocoDrawing`)."""
+        physics = state.inner[0].pipeline_state
+        return _drawing(self.brax_name).draw(physics.q, physics.qd)
 
     def reward_threshold(self) -> float | None:
         """None: Brax's tasks declare no solved return."""

@@ -27,7 +27,9 @@ import io
 import types
 from typing import TYPE_CHECKING, Any
 
-from trellis.envs.brax_envs import EpisodeLimit, GymnaxView, physics_spec
+import numpy as np
+
+from trellis.envs.brax_envs import EpisodeLimit, GymnaxView, MujocoDrawing, physics_spec
 from trellis.envs.contract import Players
 from trellis.envs.errors import UnknownEnvError, check_registered
 from trellis.envs.specs import EnvSpec
@@ -81,6 +83,11 @@ def _environment(name: str) -> tuple[Any, int]:
     return env, int(config.episode_length)
 
 
+@functools.cache
+def _drawing(name: str) -> MujocoDrawing:
+    return MujocoDrawing(_environment(name)[0].mj_model, PREFIX + name)
+
+
 @dataclasses.dataclass(frozen=True)
 class PlaygroundFactory:
     """Builds Playground envs for one id.
@@ -114,6 +121,13 @@ class PlaygroundFactory:
     def spec(self) -> EnvSpec:
         self.validate()
         return physics_spec(_environment(self.name)[0])
+
+    def render(self, state: Any) -> np.ndarray:
+        """The picture of one env's `JaxEnv` state, drawn by MuJoCo from its joint positions
+        and velocities (the env contract's `RenderedJaxEnvFactory`; `MujocoDrawing`: needs
+        MUJOCO_GL=egl without a display)."""
+        data = state.inner[0].data
+        return _drawing(self.name).draw(data.qpos, data.qvel)
 
     def reward_threshold(self) -> float | None:
         """None: Playground's tasks declare no solved return."""

@@ -7,7 +7,7 @@ self-play agent: N games against a baseline) and prints the mean return (a line 
 then one JSON line for scripts). With --video=DIR, each episode is also written as
 DIR/step-S-episode-I.mp4, played in the run's env (its kwargs, wrappers and preprocessing) and
 drawn by its factory (every family that renders: Gymnasium ids, envpool's Atari with its raw
-screen, MinAtar, gymnax; builders/experiments/recording.py; needs the `video` extra).
+screen, MinAtar, gymnax, Brax, Playground; builders/experiments/recording.py; the `video` extra).
 With --export=DIR, the greedy policy is written instead, as
 DIR/policy.jax (`jax.export`, params inside) and DIR/spec.json (launch/loaded_policy.py);
 existing files are kept unless --force.

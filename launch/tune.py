@@ -6,6 +6,8 @@ with the settings of the flags (as for run.py) and a draw of the `--search` spac
 scheduler (fifo, asha, pbt) and search algorithm decide which trials run, stop early or copy
 another. The sweep's directory (--logdir, default sweeps/AGENT-ENV-TIME) holds Tune's own
 results (tune/), one run directory per trial (trials/TRIAL_ID), sweep.json and sweep.png.
+With --track=wandb|mlflow, each trial is tracked as a run named by its trial id, grouped under
+the sweep's directory name (wandb's group; MLflow's tag trellis.group).
 `--restore=SWEEP_DIR` resumes an interrupted sweep. docs/tuning.md has the details.
 """
 
@@ -32,6 +34,7 @@ if not __package__:  # Run as a file from a clone: docs/architecture.md.
 from trellis.builders.contract.config import Config, setting, settings  # noqa: E402
 from trellis.builders.experiments.pbt import SearchSpecError, parse_search  # noqa: E402
 from trellis.builders.experiments.rundir import new_run_dir  # noqa: E402
+from trellis.builders.experiments.tracking import TrackingError, backend  # noqa: E402
 from trellis.launch.flags import (  # noqa: E402
     ANAKIN,
     UsageError,
@@ -113,6 +116,11 @@ def parse_sweep(argv: Sequence[str]) -> tuple[SweepSpec, bool]:
     if run.options.platform == ANAKIN:
         raise UsageError(f"--platform={ANAKIN} is not a trial platform of tune.py; use "
                          "local_mt, local_mp or ray")
+    if run.options.track is not None:  # Each trial is tracked as a run of the sweep's group.
+        try:
+            backend(run.options.track)
+        except TrackingError as e:
+            raise UsageError(str(e)) from None
     config_types: tuple[type, ...] = (type(run.experiment), type(run.agent))
     known = {s.name: s for cls in config_types for s in settings(cls)}
     # The --config file's search section first: --search flags override it, name by name.

@@ -56,19 +56,19 @@ def mlflow_run(tmp_path_factory):
     return run_dir, uri
 
 
-def _mlflow_run(uri):
+def _mlflow_runs(uri):
+    """(client, the runs of the test's experiment) in the file store `uri`."""
     import mlflow
 
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # As the tracker does for file:.
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("trellis-test")
-    (run,) = client.search_runs([experiment.experiment_id])
-    return client, run
+    return client, client.search_runs([experiment.experiment_id])
 
 
 def test_mlflow_gets_every_record_the_config_and_the_files(mlflow_run):
     run_dir, uri = mlflow_run
-    client, run = _mlflow_run(uri)
+    client, (run,) = _mlflow_runs(uri)
     assert run.info.run_name == "run" and run.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "return_mean")
     # One point per log interval, at the record's env steps, with its value.
@@ -180,3 +180,35 @@ def test_an_unknown_tracker_is_refused():
     with pytest.raises(TrackingError, match="--track=tensorboard is not a tracker; they are: "
                        "wandb, mlflow"):
         backend("tensorboard")
+
+
+@pytest.mark.slow
+def test_a_sweep_tracks_each_trial_in_the_sweeps_group(tmp_path):
+    pytest.importorskip("ray.tune")
+    pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[mlflow]'")
+    sweep_dir = tmp_path / "sweep"
+    uri = f"file:{tmp_path / 'mlruns'}"
+    out = _run([sys.executable, os.path.join(REPO, "launch", "tune.py"), "--agent=impala",
+                "--num_actors=1", "--envs_per_actor=4", "--batch_size=4", "--unroll_length=8",
+                "--log_every_s=0.5", "--total_env_steps=6000", "--num_trials=2",
+                "--max_concurrent=2", "--search", "learning_rate=loguniform:1e-4:1e-2",
+                "--track=mlflow", f"--logdir={sweep_dir}"],
+               env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "trellis-test"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client, runs = _mlflow_runs(uri)
+    trials = sorted(os.listdir(sweep_dir / "trials"))
+    assert sorted(r.info.run_name for r in runs) == trials and len(trials) == 2
+    for run in runs:
+        assert run.data.tags["trellis.group"] == "sweep"
+        history = client.get_metric_history(run.info.run_id, "return_mean")
+        expected = _returns(str(sweep_dir / "trials" / run.info.run_name))
+        assert expected and sorted((m.step, m.value) for m in history) == expected
+    shadow = tmp_path / "shadow" / "mlflow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    out = _run([sys.executable, os.path.join(REPO, "launch", "tune.py"), "--track=mlflow",
+                "--search", "learning_rate=loguniform:1e-4:1e-2",
+                f"--logdir={tmp_path / 'refused'}"], env={"PYTHONPATH": str(tmp_path / "shadow")})
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "tune.py: error: --track=mlflow needs the mlflow package: pip install -e '.[mlflow]' "
+        "(not installed here)"]

@@ -103,3 +103,34 @@ def test_a_jax_env_run_on_anakin_records_its_final_policy(tmp_path):
     # CartPole's return is its length: a frame for the start and one per step.
     assert _frames(path) == (int(result["return_mean"]) + 1, (608, 400))
     assert np.isfinite(result["return_mean"])
+
+
+# Compiling Brax's and MJX's physics takes minutes on a busy 2-core machine.
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id,frames_seen", [("brax:inverted_pendulum", 2),
+                                                 ("playground:CartpoleBalance", 21)])
+def test_physics_envs_are_drawn_by_mujoco(env_id, frames_seen, tmp_path):
+    """In a process of its own: MuJoCo reads MUJOCO_GL when it is imported."""
+    pytest.importorskip(env_id.partition(":")[0] if env_id.startswith("brax") else "playground")
+    video = str(tmp_path / "v.mp4")
+    script = f"""
+import dataclasses, jax, imageio_ffmpeg
+from trellis.builders.experiments.evaluation import record_episode
+from trellis.builders.experiments.recording import check_recordable
+from trellis.envs import make_env_factory
+from trellis.envs.brax_envs import EpisodeLimit
+factory = make_env_factory({env_id!r})
+check_recordable(factory)
+env = dataclasses.replace(factory.make(), params=EpisodeLimit(20))
+def still(params, key, obs, state, first):
+    return jax.numpy.zeros((obs.shape[0], factory.spec().action_shape[0])), {{}}, state
+record_episode(still, None, lambda n: {{}}, factory, 0, jax.random.key(0), {video!r}, jax_env=env)
+reader = imageio_ffmpeg.read_frames({video!r})
+print(imageio_ffmpeg.count_frames_and_secs({video!r})[0], next(reader)["size"])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=900, cwd=REPO, env={**os.environ, "MUJOCO_GL": "egl"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    frames, size = out.stdout.split(maxsplit=1)
+    # At most 20 steps (a still pendulum falls sooner), and MuJoCo's 320x240 picture.
+    assert 2 <= int(frames) <= frames_seen and size.strip() == "[320, 240]"

@@ -71,7 +71,8 @@ def check_recordable(factory: EnvFactory) -> None:
         raise RecordingError(
             f"--video: the env {factory.env_id} does not render ({type(factory).__name__} has "
             "no make_recorded/render, envs/contract.py); these do: Gymnasium ids with rgb_array "
-            "rendering, envpool's (Atari), minatar:*, gymnax's classic control and MinAtar")
+            "rendering, envpool's (Atari), minatar:*, gymnax's classic control and MinAtar, "
+            "brax:* and playground:* (MuJoCo's renderer: MUJOCO_GL=egl without a display)")
     _ffmpeg()
     try:
         first_frame(factory)

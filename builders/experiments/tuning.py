@@ -7,6 +7,8 @@ learner. PBT's exploit restarts a trial from another trial's checkpoint with the
 settings: the checkpoint becomes the trial's own and the run resumes from it, so params,
 optimizer state and counters are the donor's and the hyper-parameters the trial's
 (`DataParallelLearner.restore`). Each exploit is a line of the trial's pbt_events.jsonl.
+With --track, each trial's run is also tracked (`tracking.tracked`), as run.py's runs are, in
+a group named after the sweep's directory; a trial restarted by PBT is a new tracked run.
 
 At the end, SWEEP/sweep.json lists the trials (settings, run directory, final metric,
 status) and the best, and SWEEP/sweep.png draws every trial's curve with its exploits.
@@ -38,6 +40,7 @@ from trellis.builders.experiments.checkpointing import CHECKPOINT_SUBDIR  # noqa
 from trellis.builders.experiments.pbt import Dimension, PBTConfig  # noqa: E402
 from trellis.builders.experiments.rundir import read_json, read_metrics, write_json  # noqa: E402
 from trellis.builders.experiments.session import run_experiment  # noqa: E402
+from trellis.builders.experiments.tracking import tracked  # noqa: E402
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -174,13 +177,17 @@ def run_trial(hparams: dict[str, Any], spec: SweepSpec) -> None:
             with open(os.path.join(run_dir, PBT_EVENTS), "a") as f:
                 f.write(json.dumps({"time": round(time.time(), 3), "env_steps": origin["step"],
                                     "donor": origin["trial_id"], "hparams": hparams}) + "\n")
-    summary = run_experiment(
-        agent_module(spec.agent).Builder(agent_config), spec.env_factory, experiment,
-        run_dir, platform=spec.platform, quiet=True, resume=origin is not None,
-        options=spec.options,
-        on_stats=_Reporter(run_dir, trial_id, spec.metric,
-                           None if origin is None else origin["step"],
-                           spec.pbt.pbt_interval if spec.scheduler == "pbt" else None))
+    # Tracked (--track) as a run of its own in the sweep's group, named by the trial.
+    with tracked(spec.options.get("track"), run_dir,
+                 group=os.path.basename(spec.sweep_dir)) as tracker:
+        summary = run_experiment(
+            agent_module(spec.agent).Builder(agent_config), spec.env_factory, experiment,
+            run_dir, platform=spec.platform, quiet=True, resume=origin is not None,
+            options=spec.options,
+            on_stats=_Reporter(run_dir, trial_id, spec.metric,
+                               None if origin is None else origin["step"],
+                               spec.pbt.pbt_interval if spec.scheduler == "pbt" else None),
+            tracker=tracker)
     if summary["exit_code"] == 1:
         raise RuntimeError(f"trial {trial_id}: {summary.get('error')}")
     final = {"env_steps": summary["env_steps"], "learner_steps": summary["learner_steps"],
