@@ -272,7 +272,7 @@ class LoadedPolicy:
         with open(function_path, "wb") as f:
             f.write(exported.serialize())
         with open(spec_path, "w") as f:
-            json.dump(self.export_spec(exported.platforms), f, indent=2)
+            json.dump(self.export_spec(), f, indent=2)
             f.write("\n")
         return function_path
 
@@ -306,8 +306,9 @@ class LoadedPolicy:
                  for k, v in self.initial_state(1).items()}
         return obs, state, jax.ShapeDtypeStruct((n,), bool)
 
-    def export_spec(self, platforms: tuple[str, ...] = ()) -> dict[str, Any]:
-        """spec.json's content: what the exported function takes and gives."""
+    def export_spec(self) -> dict[str, Any]:
+        """spec.json's content: what the exported function takes and gives, and where it
+        runs."""
         if isinstance(self.spec, MultiAgentSpec):
             observation: Any = {a: _observation_spec(s) for a, s in self.spec.specs.items()}
             action: Any = {a: _action_spec(s) for a, s in self.spec.specs.items()}
@@ -318,7 +319,7 @@ class LoadedPolicy:
             "checkpoint_env_steps": self.step, "multi_agent": isinstance(self.spec,
                                                                          MultiAgentSpec),
             "observation": observation, "action": action, "batch_axis": 0,
-            "recurrent": self.recurrent, "platforms": list(platforms),
+            "recurrent": self.recurrent, "platforms": list(_platforms()),
             "call": ("(obs, state, first) -> (actions, state)" if self.recurrent
                      else "obs -> actions"),
         }

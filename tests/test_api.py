@@ -117,6 +117,7 @@ def test_the_export_plays_with_jax_alone(ppo_run, tmp_path):
     assert spec["agent"] == "ppo" and spec["env"] == "CartPole-v1"
     assert spec["observation"] == {"shape": [4], "dtype": "float32"}
     assert spec["action"]["discrete"] and spec["action"]["num_actions"] == 2
+    assert "cpu" in spec["platforms"] and spec["call"] == "obs -> actions"
     # Any batch size: the exported function's batch axis is symbolic.
     with open(tmp_path / "exported" / FUNCTION_FILE, "rb") as f:
         exported = jax.export.deserialize(bytearray(f.read()))
@@ -139,8 +140,9 @@ def test_an_export_is_not_overwritten_without_force(ppo_run, tmp_path):
 def test_evaluate_exports(ppo_run, tmp_path, capsys):
     directory = tmp_path / "cli"
     assert evaluate.main([ppo_run.directory, f"--export={directory}"]) == 0
-    assert json.loads(capsys.readouterr().out.splitlines()[-1])["export"] == str(
-        directory / FUNCTION_FILE)
+    printed = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert printed["export"] == str(directory / FUNCTION_FILE)
+    assert printed["spec"] == json.loads((directory / SPEC_FILE).read_text())
     assert (directory / SPEC_FILE).is_file()
     # Exists: one line, exit 2, the files kept; --force overwrites.
     before = (directory / FUNCTION_FILE).stat().st_mtime_ns
