@@ -11,10 +11,13 @@ import re
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from trellis.agents.registry import AGENTS, agent_module
 from trellis.builders.contract.config import ExperimentConfig, settings
+from trellis.envs.specs import EnvSpec
 from trellis.launch import flags
 from trellis.launch.flags.presets import (
     FAMILIES,
@@ -143,3 +146,25 @@ def test_an_unknown_preset_is_one_line():
     assert str(raised.value) == ("--preset must be one of auto, atari, mujoco, minatar, classic "
                                  "or none, got 'dmc'")
 
+
+
+@pytest.mark.parametrize("agent", ["sac", "td3", "d4pg"])
+def test_mujoco_agents_evaluate_greedily_as_the_references(agent):
+    """The evaluation policy (the evaluator's, evaluate.py's) acts the same under any key (the
+    references' deterministic evaluation); the acting one explores."""
+    spec = EnvSpec((5,), "float32", None, (2,), "float32", action_low=(-1.0, -1.0),
+                   action_high=(1.0, 1.0))
+    module = agent_module(agent)
+    builder = module.Builder(module.Config(hidden_sizes=(8,)))
+    networks = builder.make_networks(spec)
+    training = builder.make_training(networks, spec)
+    params = training.acting_params(training.init(jax.random.PRNGKey(0)))
+    obs = np.ones((3, 5), np.float32)
+    first = np.ones(3, bool)
+
+    def act(evaluation: bool, seed: int) -> np.ndarray:
+        policy = builder.make_policy(networks, evaluation=evaluation)
+        return np.asarray(policy(params, jax.random.PRNGKey(seed), obs, {}, first)[0])
+
+    np.testing.assert_array_equal(act(True, 1), act(True, 2))
+    assert not np.allclose(act(False, 1), act(False, 2))
