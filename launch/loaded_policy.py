@@ -109,7 +109,11 @@ def load_policy(run_dir: str, step: int | None = None, member: int = 0,
 
     Raises:
       LoadError: the run's agent plays by search (AlphaZero), not by a policy of observations.
-      And what `rebuild` and `Rebuilt.member` raise.
+      trellis.launch.flags.UsageError: no config.json, or invalid settings in it.
+      ValueError: an extra the run needs is not installed.
+      builders.experiments.restore.RestoreError: the run has no checkpoints.
+      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+      builders.experiments.anakin_run.AnakinError: no such member.
     """
     rebuilt = rebuild(run_dir)
     agent = rebuilt.settings.options.agent
