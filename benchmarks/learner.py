@@ -43,14 +43,14 @@ def measure(input_name: str, num_devices: int, args) -> dict:
     import numpy as np
 
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-    from trellis.agents.impala.learner import Learner
     from trellis.envs.specs import EnvSpec
 
     shape, dtype, actions = INPUTS[input_name]
     spec = EnvSpec(shape, dtype, actions, (), "int32")
     config = ImpalaConfig(batch_size=args.batch_size, unroll_length=args.unroll_length)
-    networks = ImpalaBuilder(config).make_networks(spec)
-    learner = Learner(networks, config, jax.random.PRNGKey(0), jax.devices()[:num_devices])
+    builder = ImpalaBuilder(config)
+    learner = builder.make_learner(builder.make_networks(spec), spec, jax.random.PRNGKey(0),
+                                   devices=jax.devices()[:num_devices])
     rng = np.random.default_rng(0)
     steps, b = args.unroll_length + 1, args.batch_size
     obs = rng.integers(0, 256, (steps, b) + shape) if dtype == "uint8" else rng.normal(

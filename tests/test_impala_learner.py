@@ -33,8 +33,8 @@ SCRIPT = textwrap.dedent("""
         batch["state/" + name] = rng.normal(size=(1,) + v.shape).astype(np.float32)
     out = {}
     for n in (1, 2, 4):
-        from trellis.agents.impala.learner import Learner
-        learner = Learner(networks, builder.config, jax.random.PRNGKey(0), jax.devices()[:n])
+        learner = builder.make_learner(networks, spec, jax.random.PRNGKey(0),
+                                       devices=jax.devices()[:n])
         for _ in range(3):
             metrics = learner.step(batch)
         leaves = jax.tree.leaves(jax.device_get(learner.params))
@@ -144,8 +144,9 @@ def test_learner_keeps_the_moments_of_its_batches_in_the_published_params():
     moments the params carry, so the actor normalizes with what the learner used."""
     import jax
 
+    from trellis.agents.common import DataParallelLearner
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-    from trellis.agents.impala.learner import Learner
+    from trellis.agents.impala.learner import make_training
     from trellis.envs import EnvSpec
 
     spec = EnvSpec((2,), "float32", 2, (), "int32")
@@ -153,7 +154,8 @@ def test_learner_keeps_the_moments_of_its_batches_in_the_published_params():
                           unroll_length=5)
     assert config.normalize_observations
     networks = ImpalaBuilder(config).make_networks(spec)
-    learner = Learner(networks, config, jax.random.PRNGKey(0))
+    learner = DataParallelLearner(make_training(networks, config), jax.random.PRNGKey(0),
+                                  config.batch_size)
     before = jax.device_get(learner.params["params"])
     batches = [_cartpole_batch(seed=s) for s in (3, 4)]
     for batch in batches:
@@ -199,8 +201,9 @@ def test_the_init_compiled_for_start_up_gives_the_default_compiles_state(env, se
     import jax
     from jax.sharding import PartitionSpec
 
+    from trellis.agents.common import DataParallelLearner
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-    from trellis.agents.impala.learner import Learner, make_training
+    from trellis.agents.impala.learner import make_training
     from trellis.envs import make_env_factory
 
     config = ImpalaConfig(**settings)
@@ -209,7 +212,8 @@ def test_the_init_compiled_for_start_up_gives_the_default_compiles_state(env, se
     cpu = jax.devices("cpu")[0]
     expected = jax.jit(make_training(networks, config).init)(jax.device_put(key, cpu))
     devices = jax.devices()[:1]
-    state = Learner(networks, config, key, devices).state
+    state = DataParallelLearner(make_training(networks, config), key, config.batch_size,
+                                devices).state
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(expected))
     for leaf in jax.tree.leaves(state):
         assert leaf.sharding.spec == PartitionSpec()
@@ -221,8 +225,9 @@ def test_the_init_runs_on_the_learner_devices_where_jax_has_no_cpu_backend(monke
     # jax.devices("cpu") raises there, and the learner must still make its state.
     import jax
 
+    from trellis.agents.common import DataParallelLearner
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
-    from trellis.agents.impala.learner import Learner, make_training
+    from trellis.agents.impala.learner import make_training
     from trellis.envs import make_env_factory
 
     config = ImpalaConfig()
@@ -237,5 +242,6 @@ def test_the_init_runs_on_the_learner_devices_where_jax_has_no_cpu_backend(monke
         return devices
 
     monkeypatch.setattr(jax, "devices", without_cpu)
-    state = Learner(networks, config, key, devices[:1]).state
+    state = DataParallelLearner(make_training(networks, config), key, config.batch_size,
+                                devices[:1]).state
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(expected))

@@ -37,12 +37,10 @@ def random_batch(seed, T=7, B=8):
 
 
 def test_one_update_changes_params_with_finite_metrics():
-    from trellis.agents.ppo.learner import Learner
-
     config = PPOConfig(unroll_length=7, batch_size=8, num_minibatches=4, num_epochs=2)
     builder = PPOBuilder(config)
     networks = builder.make_networks(CARTPOLE)
-    learner = Learner(networks, config, jax.random.PRNGKey(0))
+    learner = builder.make_learner(networks, CARTPOLE, jax.random.PRNGKey(0))
     before = jax.device_get(learner.params)
     metrics = jax.device_get(learner.step(random_batch(0, T=7, B=8)))
     after = jax.device_get(learner.params)
@@ -80,13 +78,12 @@ def test_a_shared_torso_is_one_torso_that_the_value_loss_trains_too():
 def test_one_minibatch_takes_one_step_on_the_whole_batch_in_any_order():
     """With one minibatch the update skips the shuffle: one Adam step on all T * B transitions,
     so the env order in the batch does not matter; two minibatches take two steps."""
-    from trellis.agents.ppo.learner import Learner
-
     def params_after(batch, num_minibatches):
         config = PPOConfig(unroll_length=7, batch_size=8, num_minibatches=num_minibatches,
                            num_epochs=1)
-        learner = Learner(PPOBuilder(config).make_networks(CARTPOLE), config,
-                          jax.random.PRNGKey(0))
+        builder = PPOBuilder(config)
+        learner = builder.make_learner(builder.make_networks(CARTPOLE), CARTPOLE,
+                                       jax.random.PRNGKey(0))
         learner.step(batch)
         return jax.tree.leaves(jax.device_get(learner.params))
 
@@ -101,15 +98,16 @@ SCRIPT = textwrap.dedent("""
     import json
     import jax, numpy as np
     from trellis.agents.ppo import PPOBuilder, PPOConfig
-    from trellis.agents.ppo.learner import Learner
     from trellis.envs.specs import EnvSpec
     from tests.test_ppo_learner import random_batch
 
     config = PPOConfig(unroll_length=6, batch_size=8, num_minibatches=4, num_epochs=2)
-    networks = PPOBuilder(config).make_networks(EnvSpec((4,), "float32", 2, (), "int32"))
+    builder, spec = PPOBuilder(config), EnvSpec((4,), "float32", 2, (), "int32")
+    networks = builder.make_networks(spec)
     out = {}
     for n in (1, 2, 4):
-        learner = Learner(networks, config, jax.random.PRNGKey(0), jax.devices()[:n])
+        learner = builder.make_learner(networks, spec, jax.random.PRNGKey(0),
+                                       devices=jax.devices()[:n])
         for i in range(3):
             metrics = learner.step(random_batch(i, T=6, B=8))
         leaves = jax.tree.leaves(jax.device_get(learner.params))
@@ -131,8 +129,6 @@ def test_two_and_four_devices_match_one_device():
 def test_gaussian_policy_learns_a_continuous_bandit():
     """One-step episodes with reward -(a - 1)^2: through the builder's sampling policy (env
     actions clipped, raw samples recorded) and the learner, the mean action moves to 1."""
-    from trellis.agents.ppo.learner import Learner
-
     config = PPOConfig(unroll_length=1, batch_size=64, num_minibatches=2, num_epochs=4,
                        learning_rate=1e-2)
     builder = PPOBuilder(config)
@@ -141,7 +137,7 @@ def test_gaussian_policy_learns_a_continuous_bandit():
     assert set(extras) == {"log_prob", "value", "raw_action"}
     policy = jax.jit(builder.make_policy(networks))
     greedy = jax.jit(builder.make_policy(networks, evaluation=True))
-    learner = Learner(networks, config, jax.random.PRNGKey(0))
+    learner = builder.make_learner(networks, BOX, jax.random.PRNGKey(0))
     obs = np.ones((64, 3), np.float32)
     key = jax.random.PRNGKey(1)
 

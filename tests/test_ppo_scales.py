@@ -7,16 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from tests.test_ppo_learner import CARTPOLE, random_batch
-from trellis.agents.common import OBS_NORM
+from trellis.agents.common import OBS_NORM, DataParallelLearner
 from trellis.agents.ppo import PPOBuilder, PPOConfig
-from trellis.agents.ppo.learner import Learner, make_transitions
+from trellis.agents.ppo.learner import make_training, make_transitions
 
 
 def test_moments_are_the_observations_moments_and_the_policy_uses_them():
     config = PPOConfig(unroll_length=7, batch_size=8, num_minibatches=4, num_epochs=2,
                        normalize_observations=True)
     networks = PPOBuilder(config).make_networks(CARTPOLE)
-    learner = Learner(networks, config, jax.random.PRNGKey(0))
+    learner = DataParallelLearner(make_training(networks, config), jax.random.PRNGKey(0),
+                                  config.batch_size)
     batches = [random_batch(seed) for seed in range(3)]
     for batch in batches:
         batch["obs"] = batch["obs"] * 3.0 + 5.0  # Far from mean 0, variance 1.

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +9,7 @@ import numpy as np
 from trellis.agents.common import AgentBuilder
 from trellis.agents.common.params import Params
 from trellis.agents.impala.config import ImpalaConfig
-from trellis.agents.impala.learner import Learner, make_training
+from trellis.agents.impala.learner import make_training
 from trellis.agents.impala.networks import ImpalaNetworks, make_networks, num_actions
 from trellis.builders.contract.agent import (
     UNROLLS,
@@ -69,9 +66,3 @@ class ImpalaBuilder(AgentBuilder[EnvSpec]):
     def make_training(self, networks: ImpalaNetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
         return make_training(networks, self.config)
-
-    def make_learner(self, networks: ImpalaNetworks, spec: EnvSpec, key: jax.Array, *,
-                     devices: Sequence[jax.Device] | None = None,
-                     replay: Any = None) -> Learner:
-        del spec, replay  # The networks know the shapes; unrolls arrive in order, no table.
-        return Learner(networks, self.config, key, devices=devices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,6 @@ import optax
 from trellis.agents.common import (
     STATE_HPARAMS,
     Batch,
-    DataParallelLearner,
     TrainingState,
     init_training_state,
     make_optimizer,
@@ -96,17 +95,3 @@ def make_training(networks: ImpalaNetworks, config: ImpalaConfig) -> Training:
         hparams=STATE_HPARAMS,
     )
 
-
-class Learner(DataParallelLearner):
-    """Host shell: the IMPALA update on a device mesh (see agents.common.DataParallelLearner)."""
-
-    def __init__(
-        self,
-        networks: ImpalaNetworks,
-        config: ImpalaConfig,
-        key: jax.Array,
-        devices: Sequence[jax.Device] | None = None,
-    ):
-        super().__init__(
-            make_training(networks, config), key, config.batch_size, devices,
-        )

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import jax
 
 from trellis.agents.common import AgentBuilder
 from trellis.agents.common.params import Params
 from trellis.agents.ppo.config import PPOConfig
-from trellis.agents.ppo.learner import Learner, make_training
+from trellis.agents.ppo.learner import make_training
 from trellis.agents.ppo.networks import DiagonalGaussian, PPONetworks, make_networks
 from trellis.builders.contract.agent import (
     UNROLLS,
@@ -78,9 +75,3 @@ class PPOBuilder(AgentBuilder[EnvSpec]):
     def make_training(self, networks: PPONetworks, spec: EnvSpec) -> Training:
         del spec  # The networks already know the shapes.
         return make_training(networks, self.config)
-
-    def make_learner(self, networks: PPONetworks, spec: EnvSpec, key: jax.Array, *,
-                     devices: Sequence[jax.Device] | None = None,
-                     replay: Any = None) -> Learner:
-        del spec, replay  # The networks know the shapes; unrolls arrive in order, no table.
-        return Learner(networks, self.config, key, devices=devices)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +15,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trellis.agents.common import (
     STATE_HPARAMS,
     Batch,
-    DataParallelLearner,
     TrainingState,
     init_training_state,
     make_optimizer,
@@ -214,17 +213,3 @@ def make_training(networks: PPONetworks, config: PPOConfig) -> Training:
         hparams=STATE_HPARAMS,
     )
 
-
-class Learner(DataParallelLearner):
-    """Host shell: the PPO update on a device mesh (see agents.common.DataParallelLearner)."""
-
-    def __init__(
-        self,
-        networks: PPONetworks,
-        config: PPOConfig,
-        key: jax.Array,
-        devices: Sequence[jax.Device] | None = None,
-    ):
-        super().__init__(
-            make_training(networks, config), key, config.batch_size, devices,
-        )

@@ -18,7 +18,7 @@ from typing import Any
 
 from trellis.launch.runtime import node_context, rpc
 from trellis.launch.runtime import program as program_lib
-from trellis.launch.runtime.node_context import NodeContext, Status
+from trellis.launch.runtime.node_context import NodeContext, Status, drain
 
 
 class Backend:
@@ -85,15 +85,7 @@ class Backend:
         program_lib.execute(payload, context, serve)
 
     def poll(self, timeout_s: float) -> list[Status]:
-        try:
-            statuses = [self._statuses.get(timeout=timeout_s)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                statuses.append(self._statuses.get_nowait())
-            except queue.Empty:
-                return statuses
+        return drain(self._statuses, timeout_s)
 
     def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
         self._stop_event.set()

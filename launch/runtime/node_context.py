@@ -13,6 +13,7 @@ these functions without launching anything.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -48,6 +49,20 @@ class Status:
     info: dict[str, Any] | None = None
     traceback: str = ""
     peer_gone: bool = False
+
+
+def drain(statuses: queue.SimpleQueue[Status], timeout_s: float) -> list[Status]:
+    """The statuses nodes reported in the launcher's process: waits up to `timeout_s` for
+    the first, then takes the rest without waiting ([] if none came)."""
+    try:
+        out = [statuses.get(timeout=timeout_s)]
+    except queue.Empty:
+        return []
+    while True:
+        try:
+            out.append(statuses.get_nowait())
+        except queue.Empty:
+            return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Any
 
 from trellis.launch.runtime import program as program_lib
 from trellis.launch.runtime import rpc
-from trellis.launch.runtime.node_context import NodeContext, Status
+from trellis.launch.runtime.node_context import NodeContext, Status, drain
 
 _SECRET_BYTES = 32
 _STATUS_POLL_S = 0.5  # How long an actor holds a status long-poll open.
@@ -86,15 +86,7 @@ class _NodeActor:
 
     def statuses(self, timeout_s: float) -> list[Status]:
         """The node's messages: waits up to `timeout_s` for the first, then takes the rest."""
-        try:
-            out = [self._statuses.get(timeout=timeout_s)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                out.append(self._statuses.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._statuses, timeout_s)
 
     def stop(self) -> None:
         self._stop.set()
