@@ -210,6 +210,9 @@ def test_runs_started_in_the_same_second_get_a_directory_each(tmp_path, monkeypa
     base = os.path.join(root, "impala-CartPole-v1-20261127-060015")
     assert sorted(paths) == sorted([base] + [f"{base}-{n}" for n in range(2, 9)])
     assert all(os.path.isdir(path) for path in paths)
+    # An env id's path separators and colons do not reach the name.
+    assert os.path.basename(rundir.new_run_dir("impala", "mycart:ALE/My Cart-v0", root=root)) == (
+        "impala-mycart_ALE_My_Cart-v0-20261127-060015")
 
 
 @pytest.mark.parametrize("tool", ["run.py", "evaluate.py"])

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import threading
@@ -286,9 +287,12 @@ class RunWriter:
 
 def new_run_dir(agent: str, env: str, root: str = "runs") -> str:
     """Creates `runs/<agent>-<env>-<time>` and returns its path; `-2`, `-3`, ... are appended
-    when runs started in the same second (one per seed, say) would share the name."""
+    when runs started in the same second (one per seed, say) would share the name. The env's
+    characters other than letters, digits, `.`, `_` and `-` become `_` (`mycart:MyCart-v0`,
+    `ALE/Pong-v5`): a colon in a path is a separator to TensorBoard's --logdir_spec, scp and
+    Windows."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = os.path.join(root, f"{agent}-{env.replace('/', '_')}-{stamp}")
+    base = os.path.join(root, f"{agent}-{re.sub(r'[^A-Za-z0-9._-]', '_', env)}-{stamp}")
     os.makedirs(root, exist_ok=True)
     path, n = base, 1
     while True:
