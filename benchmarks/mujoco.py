@@ -2,15 +2,15 @@
 curve, its final deterministic return, env steps/s and wall time from launch.
 
 Usage: python benchmarks/mujoco.py [--agent=sac] [--env=HalfCheetah-v5] [--budget=ENV_STEPS]
-       [--target=R] [--eval_every=ENV_STEPS] [--logdir=DIR] [run.py flags]
+       [--target=R] [--eval_every=ENV_STEPS] [--final_episodes=N] [--logdir=DIR] [run.py flags]
 
 `launch/run.py --platform=local_mp` is started as a user starts it, with the env's preset
 (`--preset=mujoco`, chosen by itself for these envs: RL Baselines3 Zoo's and CleanRL's settings,
 docs/presets.md), a greedy evaluation every `eval_every` env steps (the zoo's references are
 deterministic evaluations) and the env-step budget. After it, `launch/evaluate.py` plays the
-final checkpoint greedily for 10 episodes. The curve is the training return (the stochastic
-policy's, over the return window) and the evaluations' (greedy); `target_reached_at` is the
-first evaluation at or above `--target` (its env steps and the wall time from launch).
+final checkpoint greedily for `final_episodes` (10). The curve is the training return (the
+stochastic policy's, over the return window) and the evaluations' (greedy); `target_reached_at`
+is the first evaluation at or above `--target` (its env steps and the wall time from launch).
 The references (RL Baselines3 Zoo's benchmark.md, v3 envs, 1M env steps): SAC HalfCheetah
 9,535, Hopper 2,326, Walker2d 3,863, Ant 4,616; Humanoid 6,232 at 2M.
 Extra flags go to run.py (and override the preset's). Prints a summary, then one JSON line.
@@ -29,14 +29,14 @@ from common import rounded, run_child
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULTS = {"agent": "sac", "env": "HalfCheetah-v5", "budget": 300_000, "target": None,
-            "eval_every": 25_000, "logdir": None}
+            "eval_every": 25_000, "final_episodes": 10, "logdir": None}
 # Points of the training curve kept in the JSON line (evenly spaced log records).
 CURVE_POINTS = 60
 # The flags of this script's smoke run (tests/test_presets.py): a few thousand steps of
 # Pendulum-sized learning on HalfCheetah, which checks the pipeline, not the return.
 SMOKE_FLAGS = ["--budget=3000", "--eval_every=2000", "--eval_episodes=1", "--min_replay_size=500",
                "--hidden_sizes=32,32", "--updates_per_step=16", "--sample_batch_size=32",
-               "--num_actors=1"]
+               "--num_actors=1", "--final_episodes=1"]
 
 
 def own_flags(argv: list[str]) -> tuple[dict, list[str]]:
@@ -47,7 +47,7 @@ def own_flags(argv: list[str]) -> tuple[dict, list[str]]:
         key = name[2:]
         if key in ("agent", "env", "logdir"):
             settings[key] = value
-        elif key in ("budget", "eval_every"):
+        elif key in ("budget", "eval_every", "final_episodes"):
             settings[key] = int(float(value))
         elif key == "target":
             settings[key] = float(value)
@@ -106,7 +106,8 @@ def main(argv: list[str]) -> dict:
             preset = json.load(f)["command_line"]["preset"]
         records = read_records(logdir)
         played = run_child([sys.executable, os.path.join(REPO, "launch", "evaluate.py"), logdir,
-                            "--episodes=10"], check=True, capture_output=True, cwd=REPO)
+                            f"--episodes={s['final_episodes']}"], check=True,
+                           capture_output=True, cwd=REPO)
         final = json.loads(played.stdout.strip().splitlines()[-1])
     train, evals = curves(records)
     last = records[-1] if records else {}
