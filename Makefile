@@ -87,8 +87,9 @@ $(DOCS_STAMP): pyproject.toml setup.py Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[docs]"
 	touch $@
 
+# NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2, printed at every build.
 docs: $(DOCS_STAMP) links
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup
 	$(BIN)/python benchmarks/throughput.py

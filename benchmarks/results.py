@@ -10,7 +10,8 @@ Usage:
   python benchmarks/results.py render
       writes docs/results.md from docs/results.json
 Both `run` and `add` take --machine (the machine the runs ran on; this one by default) and
---note (a line printed under the table). The last line printed is the new rows, as JSON.
+--note (a line printed under the table). The last line printed is the new rows, as JSON
+({"rows": [...]}).
 
 A row's score per seed is the training return (the mean over the run's last `return_window`
 episodes, metrics.jsonl's return_mean) at the first record at or past the env-step budget
@@ -226,6 +227,8 @@ def _steps(n: int) -> str:
 
 def render(rows: Sequence[dict[str, Any]]) -> str:
     """docs/results.md's text: the table, its machines, and how each row was made."""
+    # Grouped by env, then agent and platform, budgets in order; the store keeps its own order.
+    rows = sorted(rows, key=lambda r: (r["env"], r["agent"], r["platform"], r["budget"]))
     machines = list(dict.fromkeys(r["machine"] for r in rows))
     lines = [
         "# Results",
@@ -240,13 +243,13 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
         "of the Statistical Precipice\" (NeurIPS 2021; their library is "
         "[rliable](https://github.com/google-research/rliable)). With 3 seeds the IQM weighs "
         "the middle score 4 times each outer one, and the interval is wide by nature. Wall "
-        "time and env steps/s are the medians over the seeds of whole runs (summary.json: "
-        "start-up and compilation included), on a machine that other jobs may have loaded: "
-        "see each row's note. The engineering log behind these numbers, and throughput "
-        "figures, is [benchmarks.md](benchmarks.md).",
+        "time and env steps/s are the medians over the seeds of the whole runs, to their own "
+        "end whatever the row's budget (summary.json: start-up and compilation included), on a "
+        "machine that other jobs may have loaded: see each row's note. The engineering log "
+        "behind these numbers, and throughput figures, is [benchmarks.md](benchmarks.md).",
         "",
-        "| agent | env | platform | env steps | IQM [95% CI] | seed: score | wall s | "
-        "env steps/s | machine |",
+        "| agent | env | platform | env steps | IQM [95% CI] | seed: score | run's wall s | "
+        "run's env steps/s | machine |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -335,7 +338,8 @@ def run_seeds(flags: Sequence[str], seeds: Sequence[int], runs_dir: str) -> list
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     dirs = []
     for seed in seeds:
-        run_dir = os.path.join(runs_dir, f"{name}-{stamp}-seed{seed}")
+        # Absolute: run.py runs from the repository root, this script from anywhere.
+        run_dir = os.path.abspath(os.path.join(runs_dir, f"{name}-{stamp}-seed{seed}"))
         if os.path.exists(run_dir):
             raise FileExistsError(f"{run_dir} exists: a row's runs are made fresh")
         command = [sys.executable, os.path.join(REPO, "launch", "run.py"), *flags,
@@ -386,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"results.py: error: {e}", file=sys.stderr)
         return 2
     print(args.page)
-    print(json.dumps(rows))
+    print(json.dumps({"rows": rows}))
     return 0
 
 
