@@ -263,15 +263,16 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
     lines += [f"{i}. {m}" for i, m in enumerate(machines, 1)]
     lines += ["", "## How each row was made", "",
               "Each row's runs, and the row, come back with its command (from the repository "
-              "root; the runs go to `--runs_dir`, outside the repository):", ""]
+              "root; the runs go to `--runs_dir`, outside the repository). The commits are "
+              "those the runs' config.json recorded (`git_commit`: the checkout's HEAD).", ""]
     for i, row in enumerate(rows, 1):
         seeds = ",".join(dict.fromkeys(s.split("/")[0] for s in row["scores"]))
         command = ["python", "benchmarks/results.py", "run", f"--seeds={seeds}",
                    f"--budget={row['budget']}", "--runs_dir=/tmp/trellis_results", "--",
                    *row["command"]]
-        lines.append(f"{i}. {row['agent']} on {row['env']} ({row['platform']}), "
-                     f"{row['date']}, commit {', '.join(row['commits']) or '?'}, "
-                     f"jax {', '.join(row['jax']) or '?'}:")
+        lines.append(f"{i}. {row['agent']} on {row['env']} ({row['platform']}) at "
+                     f"{_steps(row['budget'])} env steps, {row['date']}, commit "
+                     f"{', '.join(row['commits']) or '?'}, jax {', '.join(row['jax']) or '?'}:")
         lines += ["", f"        {shlex.join(command)}", ""]
         if row.get("note"):
             lines += [f"    {row['note']}", ""]
