@@ -30,9 +30,9 @@ from trellis.envs.objects import as_env_factory
 from trellis.launch import run as run_command
 from trellis.launch.flags import parse
 from trellis.launch.flags.values import shown
-from trellis.launch.loaded_policy import LoadedPolicy, load_policy
+from trellis.launch.loaded_policy import LoadedPolicy, SearchPolicy, load_policy
 
-__all__ = ["LoadedPolicy", "Run", "load", "train"]
+__all__ = ["LoadedPolicy", "Run", "SearchPolicy", "load", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Run:
         with open(os.path.join(self.directory, METRICS)) as f:
             return [json.loads(line) for line in f if line.strip()]
 
-    def load(self, **kwargs: Any) -> LoadedPolicy:
+    def load(self, **kwargs: Any) -> LoadedPolicy | SearchPolicy:
         """`load(self.directory, **kwargs)`."""
         return load(self.directory, **kwargs)
 
@@ -92,9 +92,10 @@ def train(agent: str | None = None, env: object = None, platform: str | None = N
 
 
 def load(run_dir: str, *, env: object = None, step: int | None = None, member: int = 0,
-         seed: int = 0) -> LoadedPolicy:
-    """The trained policy of a run directory (launch/loaded_policy.LoadedPolicy): `policy(obs)`
-    acts, `policy.export(DIR)` writes it for jax alone.
+         seed: int = 0) -> LoadedPolicy | SearchPolicy:
+    """The trained policy of a run directory (launch/loaded_policy.py): `policy(obs)` acts,
+    `policy.export(DIR)` writes it for jax alone (`LoadedPolicy`); a self-play run's player is
+    its search, `policy(game_state)` (`SearchPolicy`, AlphaZero; not exported).
 
     Args:
       run_dir: the run directory.
@@ -102,12 +103,10 @@ def load(run_dir: str, *, env: object = None, step: int | None = None, member: i
         env id needs nothing).
       step: the checkpoint's env steps; None: the newest.
       member: an anakin population's member (an evolution strategy's: its mean).
-      seed: the key of sampled actions (`policy(obs, sample=True)`).
+      seed: the key of sampled actions (`policy(obs, sample=True)`) and of searches.
 
     Raises:
       trellis.launch.flags.UsageError: no run in `run_dir` (config.json missing or invalid).
-      trellis.launch.loaded_policy.LoadError: an agent without a policy of observations
-        (AlphaZero searches).
       builders.experiments.restore.RestoreError, .checkpointing.CheckpointError: no checkpoint
         (or not `step`).
     """

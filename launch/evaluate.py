@@ -32,7 +32,7 @@ if not __package__:  # Run as a file from a clone, also in spawned nodes: docs/a
 from trellis.builders.experiments.anakin_run import AnakinError  # noqa: E402
 from trellis.builders.experiments.checkpointing import CheckpointError  # noqa: E402
 from trellis.launch.flags import UsageError  # noqa: E402
-from trellis.launch.loaded_policy import load_policy, rebuild  # noqa: E402
+from trellis.launch.loaded_policy import SPEC_FILE, load_policy, rebuild  # noqa: E402
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -88,13 +88,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
 def export(args: argparse.Namespace) -> dict[str, Any]:
     """Writes the run's greedy policy to `args.export` (`LoadedPolicy.export`); returns
-    {export, spec, checkpoint_env_steps}."""
+    {export, spec, checkpoint_env_steps}: the paths written and spec.json's content."""
     try:
         policy = load_policy(args.run_dir, args.step, args.member)
         path = policy.export(args.export, force=args.force)
     except (UsageError, ValueError, CheckpointError, AnakinError) as e:  # LoadError is one.
         raise _Error(str(e)) from e
-    return {"export": path, "spec": policy.export_spec(), "checkpoint_env_steps": policy.step}
+    with open(os.path.join(args.export, SPEC_FILE)) as f:
+        spec = json.load(f)
+    return {"export": path, "spec": spec, "checkpoint_env_steps": policy.step}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

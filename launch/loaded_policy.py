@@ -9,6 +9,8 @@ greedy action (or a sampled one), keeping a recurrent agent's state between call
 DIR/policy.jax, `jax.export`'s serialized function from a batch of observations to a batch of
 greedy actions with the params inside, and DIR/spec.json, what the function takes and gives:
 jax alone runs it (`jax.export.deserialize(open(DIR/policy.jax, "rb").read()).call(obs)`).
+A self-play run's player is its search (`SearchPolicy`: AlphaZero's, from pgx's game states),
+which is not exported.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ import numpy as np
 
 from trellis.builders.contract.agent import SELF_PLAY, Acting, Policy, State
 from trellis.builders.experiments.restore import Member, PolicyMember, Wanted
+from trellis.builders.experiments.self_play_run import MatchMember
 from trellis.builders.experiments.session import restore_run_member
 from trellis.envs.contract import EnvFactory
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
@@ -98,17 +101,18 @@ def rebuild(run_dir: str) -> Rebuilt:
 
 
 def load_policy(run_dir: str, step: int | None = None, member: int = 0,
-                seed: int = 0) -> LoadedPolicy:
-    """The run's policy at checkpoint `step` (None: the newest): see `LoadedPolicy`.
+                seed: int = 0) -> LoadedPolicy | SearchPolicy:
+    """The run's policy at checkpoint `step` (None: the newest): see `LoadedPolicy`; a
+    self-play run's player is its search (`SearchPolicy`).
 
     Args:
       run_dir: the run directory.
       step: the checkpoint's env steps; None: the newest.
       member: an anakin population's member.
-      seed: the key of sampled actions.
+      seed: the key of sampled actions (and of a search's).
 
     Raises:
-      LoadError: the run's agent plays by search (AlphaZero), not by a policy of observations.
+      LoadError: a self-play agent without a search that plays on its own.
       trellis.launch.flags.UsageError: no config.json, or invalid settings in it.
       ValueError: an extra the run needs is not installed.
       builders.experiments.restore.RestoreError: the run has no checkpoints.
@@ -118,8 +122,10 @@ def load_policy(run_dir: str, step: int | None = None, member: int = 0,
     rebuilt = rebuild(run_dir)
     agent = rebuilt.settings.options.agent
     if rebuilt.builder.capabilities.learns_from == SELF_PLAY:
-        raise LoadError(f"{agent}'s player is a tree search over the game's state, not a policy "
-                        f"of observations: `evaluate.py {run_dir}` plays it against baselines")
+        if not isinstance(rebuilt.builder, SearchPlayerAgent):
+            raise LoadError(f"{agent} gives no search that plays on its own "
+                            "(make_search_player): `evaluate.py RUN_DIR` plays its games")
+        return search_policy(rebuilt, step, seed)
     restored = rebuilt.member(step, member)
     # Every kind but self-play restores an acting policy's member (session.EXECUTIONS).
     assert isinstance(restored, PolicyMember), restored
@@ -354,3 +360,70 @@ def _action_spec(spec: EnvSpec) -> dict[str, Any]:
 
 def _described(obs: Any) -> str:
     return f"keys {sorted(obs)}" if isinstance(obs, Mapping) else type(obs).__name__
+
+
+# player(key, games) -> actions: a search from a batch of game states.
+Player = Callable[[jax.Array, Any], jax.Array]
+
+
+@runtime_checkable
+class SearchPlayerAgent(Protocol):
+    """A self-play agent whose search plays on its own, without exploration (AlphaZero)."""
+
+    def make_search_player(self, networks: Any, env: Any, params: Any) -> Player: ...
+
+
+def search_policy(rebuilt: Rebuilt, step: int | None, seed: int) -> SearchPolicy:
+    """A self-play run's search with the params of checkpoint `step`."""
+    restored = rebuilt.member(step)
+    assert isinstance(restored, MatchMember), restored  # session.EXECUTIONS' self-play.
+    program = restored.program
+    builder: SearchPlayerAgent = rebuilt.builder
+    return SearchPolicy(
+        agent=rebuilt.settings.options.agent, env_id=rebuilt.env_factory.env_id,
+        step=restored.step, env=program.env,
+        player=jax.jit(builder.make_search_player(program.networks, program.env,
+                                                  restored.params)),
+        key=jax.random.PRNGKey(seed))
+
+
+@dataclasses.dataclass(eq=False)
+class SearchPolicy:
+    """A self-play run's player (`trellis.load` of an AlphaZero run): `policy(state)` searches
+    from a game's state (pgx's `State`: one, or a batch made with `jax.vmap(env.init)`) with
+    the checkpoint's network, without exploration noise, and gives its move (or moves [N]).
+
+    Attributes:
+      agent: the run's agent.
+      env_id: the run's game.
+      step: the checkpoint's env steps (moves).
+      env: the game (pgx's `Env`: `env.init(key)`, `env.step(state, action)`).
+      player: `player(key, states) -> actions`, jitted.
+      key: the searches' key.
+    """
+
+    agent: str
+    env_id: str
+    step: int
+    env: Any
+    player: Player
+    key: jax.Array
+
+    def __call__(self, state: Any) -> Any:
+        """The search's move from `state` (one game state or a batch)."""
+        batched = jnp.ndim(state.current_player) == 1
+        states = state if batched else jax.tree.map(lambda x: jnp.asarray(x)[None], state)
+        self.key, key = jax.random.split(self.key)
+        actions = np.asarray(self.player(key, states))
+        return actions if batched else actions[0]
+
+    def export(self, directory: str, *, force: bool = False) -> NoReturn:
+        """Refused: a search runs the game's own model (pgx) inside; what `export` writes is a
+        function of observations.
+
+        Raises:
+          LoadError: always.
+        """
+        del directory, force
+        raise LoadError(f"{self.agent}'s player is a tree search that steps the game's own "
+                        "model: export writes policies of observations (the other agents')")

@@ -212,15 +212,6 @@ def test_a_recurrent_policy_keeps_its_state_and_exports_it(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["episodes"] == 2
 
 
-def test_alphazero_is_refused_in_one_line(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"command_line": {
-        "agent": "alphazero", "env": "pgx:tic_tac_toe", "platform": "anakin"},
-        "experiment": {}, "agent_config": {}}))
-    with pytest.raises(LoadError, match=r"^alphazero's player is a tree search .* plays it "
-                                         r"against baselines$"):
-        trellis.load(str(tmp_path))
-
-
 def test_the_trellis_command(ppo_run, tmp_path):
     def trellis_command(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "trellis", *args], capture_output=True,
@@ -296,3 +287,30 @@ def test_a_multi_agent_policy_takes_and_gives_a_dict(tmp_path):
     called = exported.call(batch)
     for a in agents:
         np.testing.assert_array_equal(called[a], actions[a])
+
+
+@pytest.mark.slow
+def test_an_alphazero_run_loads_its_search(tmp_path, capsys):
+    """AlphaZero's player is its search (no exploration noise) from pgx's game states, one or
+    a batch; its export is refused in one line (a search steps the game's own model)."""
+    run = trellis.train(agent="alphazero", env="pgx:tic_tac_toe", platform="anakin",
+                        total_env_steps=500, unroll_length=9, batch_size=8,
+                        num_simulations=2, eval_every_updates=0, quiet=True,
+                        logdir=str(tmp_path / "alphazero"))
+    policy = run.load()
+    assert isinstance(policy, trellis.SearchPolicy)
+    state, moves = policy.env.init(jax.random.PRNGKey(0)), 0
+    while not bool(state.terminated):
+        action = policy(state)
+        assert np.shape(action) == () and bool(state.legal_action_mask[action])
+        state, moves = policy.env.step(state, action), moves + 1
+    assert 5 <= moves <= 9
+    states = jax.vmap(policy.env.init)(jax.random.split(jax.random.PRNGKey(1), 4))
+    actions = policy(states)
+    assert actions.shape == (4,)
+    assert np.asarray(states.legal_action_mask)[np.arange(4), actions].all()
+    with pytest.raises(LoadError, match="tree search that steps the game's own model"):
+        policy.export(str(tmp_path / "exported"))
+    assert evaluate.main([run.directory, f"--export={tmp_path / 'exported'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tree search" in err, err

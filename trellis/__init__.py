@@ -25,15 +25,15 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trellis.launch.api import LoadedPolicy, Run, load, train
+    from trellis.launch.api import LoadedPolicy, Run, SearchPolicy, load, train
 
 # The distribution's version, from its metadata: pyproject.toml's `version` is the one source.
 __version__ = importlib.metadata.version("trellis-rl")
 
 # The names of trellis.launch.api that `trellis` gives, imported at their first use.
-_API = ("LoadedPolicy", "Run", "load", "train")
+_API = ("LoadedPolicy", "Run", "SearchPolicy", "load", "train")
 
-__all__ = ["LoadedPolicy", "Run", "__version__", "load", "train"]
+__all__ = ["LoadedPolicy", "Run", "SearchPolicy", "__version__", "load", "train"]
 
 
 def __getattr__(name: str) -> Any:
