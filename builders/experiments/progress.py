@@ -1,7 +1,9 @@
-"""Progress display for runs: a live rich progress bar on a terminal, plain lines otherwise."""
+"""Progress display for runs: a live rich progress bar on a terminal, one line redrawn in place
+in a Jupyter notebook, plain lines otherwise."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from typing import Any, TextIO
@@ -38,8 +40,16 @@ def describe(stats: dict[str, Any], total_env_steps: int) -> str:
     return line
 
 
+def in_notebook(stream: TextIO) -> bool:
+    """Whether `stream` is a Jupyter kernel's output (ipykernel's OutStream, as sys.stdout in a
+    notebook or on Colab), whose front end redraws a display in place."""
+    return type(stream).__module__.startswith("ipykernel.")
+
+
 class Progress:
-    """Shows stats as they arrive: a rich status line on a TTY, plain lines elsewhere.
+    """Shows stats as they arrive: a rich status line on a TTY, one line redrawn in place in
+    a Jupyter notebook (IPython's display, updated by its id; no widgets needed), plain lines
+    elsewhere.
 
     Args:
       total_env_steps: the budget, shown as the denominator.
@@ -64,7 +74,13 @@ class Progress:
         self._last_plain = -float("inf")  # The first stats are shown at once.
         self._start = time.monotonic()
         self._bar = None
-        if not quiet and self._stream.isatty():
+        self._display: Any = None  # IPython's DisplayHandle in a notebook.
+        if not quiet and in_notebook(self._stream):
+            # IPython is there: the kernel runs on it. Loaded by name: it is no dependency.
+            display = importlib.import_module("IPython.display").display
+            self._display = display({"text/plain": describe({}, total_env_steps)}, raw=True,
+                                    display_id=True)
+        elif not quiet and self._stream.isatty():
             from rich import progress
             from rich.console import Console
 
@@ -89,10 +105,14 @@ class Progress:
             rate = stats.get("env_steps_per_s", 0.0)
             info = f"{stats.get('env_steps', 0):,d} steps {rate:,.0f}/s return {_fmt_return(stats)}"
             self._bar.update(self._task, completed=stats.get("env_steps", 0), info=info)
+        elif self._display is not None:  # Every report: it replaces the one before.
+            self._display.update({"text/plain": self._line(elapsed, stats)}, raw=True)
         elif elapsed - self._last_plain >= self._plain_every_s:
             self._last_plain = elapsed
-            line = f"[{elapsed:6.1f}s] " + describe(stats, self._total)
-            print(line, file=self._stream, flush=True)
+            print(self._line(elapsed, stats), file=self._stream, flush=True)
+
+    def _line(self, elapsed: float, stats: dict[str, Any]) -> str:
+        return f"[{elapsed:6.1f}s] " + describe(stats, self._total)
 
     def close(self) -> None:
         if self._bar is not None:
