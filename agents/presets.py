@@ -1,6 +1,8 @@
 """`Preset`: an agent's settings for a family of envs, each with the published source it comes
 from. Agents offer theirs as `PRESETS` ({name: Preset}); the command line picks one by the env's
-family (launch/flags/presets.py) and docs/presets.md tables them."""
+family (launch/flags/presets.py) and docs/presets.md tables them. It lies outside
+agents/common, whose package imports JAX: the command line's flags import this module, and env
+workers import those without JAX."""
 
 from __future__ import annotations
 

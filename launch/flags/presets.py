@@ -1,5 +1,5 @@
 """Presets by env family: settings from a published source for an agent on a family of envs,
-offered by the agent's package (`PRESETS`: {name: `agents.common.presets.Preset`}), chosen by
+offered by the agent's package (`PRESETS`: {name: `agents.presets.Preset`}), chosen by
 the env's family unless --preset names one (docs/presets.md, docs/atari.md).
 
 `--preset=auto` (the default) takes the env family's preset where the agent has one (MuJoCo's
