@@ -204,9 +204,10 @@ def test_learns_cartpole_on_the_host_platforms_without_replay(tmp_path):
 @pytest.mark.slow
 def test_breakout_minatar_on_anakin_passes_the_papers_dqn(tmp_path):
     """The published MinAtar settings (the defaults) on gymnax's Breakout-MinAtar pass the
-    MinAtar paper's DQN (10) within 1.5M env steps (1.0M in the run on record: about 7
-    minutes at the 2,400 env steps/s of 2 cores at load 8). Not IMPALA's 17: that took 1.54M
-    env steps, 11 minutes at that rate (docs/benchmarks.md, "PQN on MinAtar Breakout")."""
+    MinAtar paper's DQN (10) within 1.5M env steps (1.0M in the run on record; the test took
+    327 s on 2 cores at load 5-7). Not IMPALA's 17: that took 1.54M env steps, about 11
+    minutes at the 2,400 env steps/s measured at load 8 (docs/benchmarks.md, "PQN on MinAtar
+    Breakout")."""
     assert run.main(["--agent=pqn", "--platform=anakin", "--env=gymnax:Breakout-MinAtar",
                      "--updates_per_call=4", "--total_env_steps=1500000",
                      "--stop_at_return=10", "--quiet", f"--logdir={tmp_path}"]) == 0
