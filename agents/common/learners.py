@@ -108,7 +108,11 @@ class DataParallelLearner:
     def step(self, batch: Mapping[str, Any]) -> Metrics:
         """One update on a batch, on the host or `place`d; returns the metrics as device
         scalars."""
-        batch = jax.device_put(dict(batch), self._batch_sharding)  # A no-op once placed.
+        if not all(isinstance(x, jax.Array) and x.sharding == self._batch_sharding
+                   for x in jax.tree.leaves(batch)):
+            # Not `place`d. Once placed, device_put would change nothing and still take
+            # 0.4 ms of Python for IMPALA's 8 fields (2 cores): a tenth of the learner thread.
+            batch = jax.device_put(dict(batch), self._batch_sharding)
         metrics: dict[str, jax.Array]
         self._state, metrics = self._update(self._state, batch)
         return metrics
