@@ -14,7 +14,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _would_run(target: str, venv: str) -> list[str]:
     """The commands `make TARGET` would run with its .venv at `venv`."""
-    out = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=REPO, check=True,
+    # --no-print-directory: under `make test` this make is a sub-make, which would otherwise
+    # print "make[1]: Entering directory ..." lines among the commands.
+    out = subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={venv}"],
+                         cwd=REPO, check=True,
                          capture_output=True, text=True, timeout=60).stdout
     return out.splitlines()
 
