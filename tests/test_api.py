@@ -242,8 +242,10 @@ def test_an_anakin_run_exports(tmp_path):
 
 @pytest.mark.slow
 def test_an_impala_local_mp_run_exports(tmp_path):
+    # Trained to 475: stopped at a sampled mean of 450, this test failed one of two runs
+    # (2026-11-29), a margin too thin for the export's greedy 450, which stays the check.
     run = trellis.train(agent="impala", env="CartPole-v1", platform="local_mp",
-                        stop_at_return=SOLVED, logdir=str(tmp_path / "impala"), quiet=True)
+                        stop_at_return=475, logdir=str(tmp_path / "impala"), quiet=True)
     assert run.summary["stopped_by"] == "return_target"
     _assert_exports_a_solver(run.directory, tmp_path / "exported")
 
