@@ -302,6 +302,15 @@ class ExperimentConfig(Config):
     checkpoint_every_s: float = setting(
         60.0, "seconds between learner checkpoints (one is also written at stop)", gt=0)
     keep_checkpoints: int = setting(3, "newest checkpoints kept", ge=1)
+    # Preemption (SIGTERM) gives a job a grace period before SIGKILL (Kubernetes' default: 30 s);
+    # the final checkpoint must be on disk within it.
+    shutdown_timeout_s: float = setting(
+        30.0, "seconds a stopping run (a signal, the budget, the return target) gives its nodes "
+        "to end and the learner to write its final checkpoint; past them the nodes are killed "
+        "and the run exits with code 3 (docs/checkpoints.md)", gt=0)
+    max_learner_restarts: int = setting(
+        0, "times the learner node is restarted from its newest checkpoint after it dies (host "
+        "platforms; env workers wait for it and reconnect); 0: its death stops the run", ge=0)
     # Off by default: the evaluator is one more process with its own JAX, which on a small
     # machine competes with the learner for cores (IMPALA on CartPole to 475, local_mp, 2 cores:
     # 14.1 s without, 19.3 s with, one run each).
