@@ -37,17 +37,23 @@ INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 class DataParallelLearner:
     """Owns a training state on a device mesh and runs a jitted `update` on host batches.
 
-    Data parallel over `devices` (default: all local devices): axis 1 (B) of every batch
+    Data parallel over `devices` (default: every device JAX sees): axis 1 (B) of every batch
     leaf is sharded over the mesh axis "data", the state is replicated, and XLA inserts the
     gradient all-reduce. It runs any agent's `Training` (`Builder.make_training`).
+
+    Across processes (a `jax.distributed` group, builders/experiments/distributed.py) the mesh
+    spans every process's devices: each process runs the same updates on its own share of
+    the global batch, the batches that `place`, `step` and `compile` take being that share
+    (B / processes unrolls, stacked in process order into the global batch), and `state` and
+    `params` are this process's copy of the replicated state.
 
     Args:
       training: the agent's pure pieces; `init` is jitted once (one compiled call instead of
         many small eager ops: seconds faster at start-up), `make_update` gets this learner's
         mesh so an update may constrain the sharding of what it builds (minibatches).
       key: the learner's root key.
-      batch_size: B; must divide evenly over the devices.
-      devices: the learner devices.
+      batch_size: B, the global batch; must divide evenly over the devices.
+      devices: the learner devices, of this process and (under `jax.distributed`) others.
 
     Raises:
       ValueError: `batch_size` does not divide over the devices.
@@ -60,7 +66,7 @@ class DataParallelLearner:
         batch_size: int,
         devices: Sequence[jax.Device] | None = None,
     ):
-        devices = list(devices if devices is not None else jax.local_devices())
+        devices = list(devices if devices is not None else jax.devices())
         if batch_size % len(devices):
             raise ValueError(
                 f"batch_size={batch_size} must be divisible by the number of learner "
@@ -72,6 +78,8 @@ class DataParallelLearner:
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         self._key = key
+        # Processes whose devices the mesh holds: each gives its share of every batch.
+        self._processes = len({d.process_index for d in devices})
         self._update = jax.jit(
             training.make_update(self.mesh),
             in_shardings=(replicated, self._batch_sharding),
@@ -88,44 +96,66 @@ class DataParallelLearner:
         # (the default 3 is one): jax hands the values to XLA unchanged.
         init = jax.jit(self._init).lower(key).compile(
             compiler_options=INIT_COMPILER_OPTIONS)  # type: ignore[arg-type]
-        return jax.device_put(init(key), self._replicated)
+        return self._to_mesh(init(key), self._replicated)
+
+    def _to_mesh(self, tree: Any, sharding: NamedSharding) -> Any:
+        """`tree`, this process's part of global arrays, placed on the mesh with `sharding`."""
+        if self._processes == 1:
+            return jax.device_put(tree, sharding)
+        # A mesh across processes: each places its part on its own devices (no transfer
+        # between processes); a replicated array's part is the whole array.
+        return jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+
+    def _local(self, tree: Any) -> Any:
+        """This process's copy of replicated global arrays (`tree` as it is on one process)."""
+        if self._processes == 1:
+            return tree
+        return jax.tree.map(lambda x: x.addressable_data(0), tree)
 
     def compile(self, batch: Mapping[str, Any]) -> None:
         """Compiles the update for batches shaped as `batch` (a tree of
-        `jax.ShapeDtypeStruct`); the state's shapes come from `init` without running it."""
-        def placed(sharding: NamedSharding) -> Callable[[Any], jax.ShapeDtypeStruct]:
-            return lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        `jax.ShapeDtypeStruct`, this process's share); the state's shapes come from `init`
+        without running it."""
+        def placed(sharding: NamedSharding, share: int = 1
+                   ) -> Callable[[Any], jax.ShapeDtypeStruct]:
+            # `share`: the processes whose shares of axis 1 the global batch stacks.
+            return lambda x: jax.ShapeDtypeStruct(
+                x.shape[:1] + tuple(n * share for n in x.shape[1:2]) + x.shape[2:], x.dtype,
+                sharding=sharding)
 
         state = jax.tree.map(placed(self._replicated), jax.eval_shape(self._init, self._key))
-        self._update.lower(state, jax.tree.map(placed(self._batch_sharding), batch)).compile()
+        self._update.lower(state, jax.tree.map(placed(self._batch_sharding, self._processes),
+                                               batch)).compile()
 
     def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """`batch` on the learner's devices, sharded as `step` takes it (the learner node
         places the next batch while the current update runs)."""
-        placed: dict[str, Any] = jax.device_put(dict(batch), self._batch_sharding)
+        placed: dict[str, Any] = self._to_mesh(dict(batch), self._batch_sharding)
         return placed
 
     def step(self, batch: Mapping[str, Any]) -> Metrics:
         """One update on a batch, on the host or `place`d; returns the metrics as device
-        scalars."""
+        scalars (this process's copy)."""
         if not all(isinstance(x, jax.Array) and x.sharding == self._batch_sharding
                    for x in jax.tree.leaves(batch)):
             # Not `place`d. Once placed, device_put would change nothing and still take
             # 0.4 ms of Python for IMPALA's 8 fields (2 cores): a tenth of the learner thread.
-            batch = jax.device_put(dict(batch), self._batch_sharding)
+            batch = self._to_mesh(dict(batch), self._batch_sharding)
         metrics: dict[str, jax.Array]
         self._state, metrics = self._update(self._state, batch)
-        return metrics
+        local: Metrics = self._local(metrics)
+        return local
 
     @property
     def params(self) -> Params:
-        """What the acting policy reads (`Training.acting_params`)."""
-        return self._acting_params(self._state)
+        """What the acting policy reads (`Training.acting_params`), this process's copy."""
+        return self._local(self._acting_params(self._state))
 
     @property
     def state(self) -> Any:
-        """The whole training state (a pytree): what checkpoints save."""
-        return self._state
+        """The whole training state (a pytree), this process's copy: what checkpoints save."""
+        return self._local(self._state)
 
     def restore(self, state: Any) -> None:
         """Replaces the training state, e.g. with one read from a checkpoint, keeping this
@@ -140,8 +170,8 @@ class DataParallelLearner:
             raise ValueError(f"cannot restore a learner state shaped {got}; expected {expected}")
         # The hyper-parameters stay this learner's (its config's): a resumed run's flags and
         # PBT's new values apply to the params, moments, key and step that `state` brings.
-        state = set_hparams(state, get_hparams(self._state))
-        self._state = jax.device_put(state, self._replicated)
+        state = set_hparams(state, get_hparams(self.state))
+        self._state = self._to_mesh(state, self._replicated)
 
 
 class ReplayLearner(DataParallelLearner):

@@ -124,7 +124,8 @@ def init_device(devices: Iterable[jax.Device]) -> jax.Device:
     import jax  # Here, not at the top: see the import above.
 
     try:
-        return jax.devices("cpu")[0]
+        # This process's: under `jax.distributed`, jax.devices("cpu")[0] is process 0's.
+        return jax.local_devices(backend="cpu")[0]
     except RuntimeError:
         return next(iter(devices))
 
