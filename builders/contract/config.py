@@ -311,6 +311,12 @@ class ExperimentConfig(Config):
     max_learner_restarts: int = setting(
         0, "times the learner node is restarted from its newest checkpoint after it dies (host "
         "platforms; env workers wait for it and reconnect); 0: its death stops the run", ge=0)
+    # One learner across processes and hosts (builders/experiments/distributed.py): each takes
+    # its share of every batch from the replay node's unroll table, in step with the others.
+    learner_processes: int = setting(
+        1, "learner processes in one jax.distributed group, gradients all-reduced over all "
+        "their devices (local_mp, ray: placed on nodes with an accelerator where the cluster "
+        "has any); more than 1 needs --unroll_queue=replay and --learner_batch=fixed", ge=1)
     # Off by default: the evaluator is one more process with its own JAX, which on a small
     # machine competes with the learner for cores (IMPALA on CartPole to 475, local_mp, 2 cores:
     # 14.1 s without, 19.3 s with, one run each).
@@ -327,6 +333,13 @@ class ExperimentConfig(Config):
         if self.envs_per_actor % self.env_buffers:
             raise self.invalid("env_buffers",
                                f"a divisor of envs_per_actor ({self.envs_per_actor})")
+        if self.learner_processes > 1 and (self.unroll_queue, self.learner_batch) != (
+                "replay", "fixed"):
+            # Every process takes its share from the replay node's table, and the update, a
+            # collective, must have the same shape in every process.
+            raise self.invalid("learner_processes", "1 unless --unroll_queue=replay and "
+                               "--learner_batch=fixed (the processes share one unroll table "
+                               "and update in step on batches of one size)")
 
     @property
     def num_envs(self) -> int:
