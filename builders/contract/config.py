@@ -340,6 +340,10 @@ class ExperimentConfig(Config):
             raise self.invalid("learner_processes", "1 unless --unroll_queue=replay and "
                                "--learner_batch=fixed (the processes share one unroll table "
                                "and update in step on batches of one size)")
+        if self.learner_processes > 1 and self.max_learner_restarts:
+            # A restarted process cannot rejoin its jax.distributed group.
+            raise self.invalid("learner_processes", "1 with --max_learner_restarts > 0 (a "
+                               "group of learner processes is not restarted)")
 
     @property
     def num_envs(self) -> int:
