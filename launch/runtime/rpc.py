@@ -237,6 +237,11 @@ def resolve_method(instance: Any, name: str, label: str) -> Callable[..., Any]:
 # Clients
 
 
+def address_of(client: Client) -> Address:
+    """Where `client`'s node serves (not an attribute of the client: those are its RPCs)."""
+    return client._address
+
+
 class Client:
     """Base client: attribute access makes RPC stubs; subclasses implement `_call`."""
 
