@@ -7,7 +7,8 @@
 (b) and (c) run once per transport between env workers and inference: shared memory (shm)
 and the RPC socket (socket). Each gives two rates: from the learner node's start (policy and
 learner compilation included, as a run of that length sees it) and steady, from the first
-learner update (the first env step for (b)) to the end, once every program is compiled.
+learner update (the first env step for (b)) to the end, once every program is compiled (the
+policy's smaller batch sizes compile while it serves: the window opens once they have).
 
 Usage: python benchmarks/throughput.py [--env CartPole-v1] [--num_actors 2]
        [--envs_per_actor 32] [--env_steps 300000] [--transports shm,socket]
@@ -57,8 +58,8 @@ def pipeline(factory: GymnasiumFactory, platform_name: str, transport: str, args
 
     `env_steps_per_s` counts from the learner node's start (after JAX import and program
     start-up, with the policy's and the learner's compilation inside); `steady_env_steps_per_s`
-    from the first learner stats that show an update (an env step when not learning) to the
-    end, so it is the rate a long run settles to.
+    from the first learner stats that show an update (an env step when not learning) and the
+    policy compiled for every batch size, to the end, so it is the rate a long run settles to.
     """
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
     from trellis.builders.experiments.program import make_program
@@ -95,14 +96,14 @@ def pipeline(factory: GymnasiumFactory, platform_name: str, transport: str, args
 
 
 def _first_stats(running, learner, count: str, period_s: float = 0.1) -> dict | None:
-    """The learner's first stats with `count` > 0, polled every `period_s` while the program
-    runs; None if it stopped before."""
+    """The learner's first stats with `count` > 0 and the policy compiled for every batch
+    size, polled every `period_s` while the program runs; None if it stopped before."""
     while running.wait(timeout=period_s) is None:
         try:
             stats = learner.stats()
         except (ConnectionError, EOFError):  # The learner node stopped meanwhile.
             return None
-        if stats[count] > 0:
+        if stats[count] > 0 and stats["startup"]["policy_compiled"] is not None:
             return stats
     return None
 
@@ -149,7 +150,8 @@ def main() -> None:
 
 
 def _rates(env_steps_per_s: float | None, learner_steps_per_s: float | None) -> str:
-    if env_steps_per_s is None:  # The run ended before its first update.
+    if env_steps_per_s is None:  # The run ended before its first update, or before the
+        # policy compiled for every batch size (a short run on a loaded machine).
         return f"{'-':>14}{'-':>18}"
     return f"{env_steps_per_s:>14,.0f}{learner_steps_per_s:>18,.1f}"
 

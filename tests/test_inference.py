@@ -323,8 +323,10 @@ def test_a_batch_runs_at_the_smallest_compiled_size_that_holds_it():
 
     batching = Batching(lambda timeout_s: [], {"x": ArraySpec((), "float32")}, num_workers=5,
                         envs_per_worker=4, max_batch=None, timeout_s=0.0)
+    assert not batching.compiled_all
     batching.compile(Lowered).join(30)
     assert compiled == [20, 16, 8, 4]  # The largest first: serving starts with it.
+    assert batching.compiled_all  # throughput.py's steady window opens on it.
     rows = {"x": np.arange(5 * 4, dtype=np.float32).reshape(5, 4)}  # [W, K]
     assert batching.inputs(rows, np.array([3]))["x"].tolist() == rows["x"][3].tolist()
     padded = batching.inputs(rows, np.array([4, 0, 2]))["x"]

@@ -167,6 +167,12 @@ class InferenceServer:
         """How many times a worker came back with a new run id (its slots were reset)."""
         return self._recorder.resets
 
+    @property
+    def compiled_all(self) -> bool:
+        """Whether the policy is compiled for every batch size (the smaller ones compile while
+        serving: `Batching.compile`)."""
+        return self._batching.compiled_all
+
     def start(self) -> None:
         self._thread.start()
 

@@ -79,6 +79,11 @@ class Batching:
         batch, self._pending = batch[:limit], batch[limit:]
         return batch
 
+    @property
+    def compiled_all(self) -> bool:
+        """Whether the policy is compiled for every size (`compile`'s thread has ended)."""
+        return len(self._compiled_sizes) == len(self.sizes)
+
     def inputs(self, rows: Mapping[str, np.ndarray], workers: np.ndarray
                ) -> dict[str, np.ndarray]:
         """The batch of `workers`' inputs from their `rows` [W, K, ...], padded to the

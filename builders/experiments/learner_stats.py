@@ -54,8 +54,9 @@ class PolicyLag:
 
 
 class StartupTimes:
-    """When a session's first env step and first learner update were seen, as `time.time()`
-    (comparable across the processes of one host, e.g. with the launcher's start).
+    """When a session's first env step and first learner update were seen, and when the policy
+    was compiled for every batch size, as `time.time()` (comparable across the processes of one
+    host, e.g. with the launcher's start).
 
     Args:
       start: the counter when the session starts (a resumed run's counts are not zero).
@@ -65,10 +66,14 @@ class StartupTimes:
         self._start = start
         self.first_env_step: float | None = None
         self.first_learner_step: float | None = None
+        self.policy_compiled: float | None = None
 
-    def observe(self, snapshot: CounterSnapshot) -> None:
-        """Notes the time of the first change of each count since `start`."""
+    def observe(self, snapshot: CounterSnapshot, policy_compiled: bool) -> None:
+        """Notes the time of the first change of each count since `start`, and the first time
+        `policy_compiled` is True."""
         now = time.time()
+        if self.policy_compiled is None and policy_compiled:
+            self.policy_compiled = now
         if self.first_env_step is None and snapshot.env_steps > self._start.env_steps:
             self.first_env_step = now
         if (self.first_learner_step is None
@@ -124,8 +129,9 @@ class LearnerStats:
         self._evaluation: dict[str, Any] | None = None
 
     def observe(self, snapshot: CounterSnapshot) -> None:
-        """Notes the counter's `snapshot` (the times of the first env step and update)."""
-        self._startup.observe(snapshot)
+        """Notes the counter's `snapshot` (the times of the first env step and update) and
+        whether the policy is compiled for every batch size yet."""
+        self._startup.observe(snapshot, self._inference.compiled_all)
 
     def add_lag(self, versions: np.ndarray | None, learner_steps: int) -> None:
         """Adds a batch's policy versions [T + 1, B] (None: a sampled batch, which has none),
@@ -163,7 +169,8 @@ class LearnerStats:
             queue_size=self._queue_size(),
             # A dict: metrics records and TensorBoard leave it out.
             startup={"first_env_step": self._startup.first_env_step,
-                     "first_learner_step": self._startup.first_learner_step},
+                     "first_learner_step": self._startup.first_learner_step,
+                     "policy_compiled": self._startup.policy_compiled},
             **self._metrics,
         )
         return stats
