@@ -21,11 +21,16 @@ AGENTS = {
     "impala": "trellis.agents.impala",
     "ippo": "trellis.agents.ppo.ippo",
     "mappo": "trellis.agents.ppo.mappo",
+    "muzero": "trellis.agents.muzero",
+    "mpo": "trellis.agents.mpo",
     "ppo": "trellis.agents.ppo",
     "pqn": "trellis.agents.pqn",
+    "qmix": "trellis.agents.qmix",
     "r2d2": "trellis.agents.r2d2",
+    "rainbow": "trellis.agents.dqn.rainbow",
     "sac": "trellis.agents.sac",
     "td3": "trellis.agents.td3",
+    "vdn": "trellis.agents.qmix.vdn",
 }
 
 
