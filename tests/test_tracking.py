@@ -163,6 +163,25 @@ def test_wandb_offline_run_gets_every_record_and_the_config(tmp_path):
     assert config["experiment"]["total_env_steps"] == 8000
 
 
+def test_a_resumed_run_continues_its_tracked_run(tmp_path):
+    pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[mlflow]'")
+    run_dir = str(tmp_path / "run")
+    env = {"MLFLOW_TRACKING_URI": f"file:{tmp_path / 'mlruns'}",
+           "MLFLOW_EXPERIMENT_NAME": "trellis-test"}
+    first = _run(RUN + ARGS[:3] + ["--total_env_steps=6000", "--log_every_s=0.5", "--track=mlflow",
+                                   f"--logdir={run_dir}"], env=env)
+    assert first.returncode == 0, first.stderr
+    ended = _returns(run_dir)[-1][0]
+    second = _run(RUN + ["--total_env_steps=12000", "--track=mlflow", f"--resume={run_dir}"],
+                  env=env)
+    assert second.returncode == 0, second.stderr
+    client, (run,) = _mlflow_runs(env["MLFLOW_TRACKING_URI"])  # One run, not a second.
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "return_mean")]
+    assert max(steps) > ended and max(steps) == _returns(run_dir)[-1][0]
+    assert run.data.params["experiment.total_env_steps"] == "6000"  # MLflow keeps the first.
+
+
 def test_a_tracker_not_installed_is_one_line_naming_its_extra(tmp_path):
     shadow = tmp_path / "mlflow"
     shadow.mkdir()

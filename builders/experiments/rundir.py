@@ -186,6 +186,10 @@ class Tracker(Protocol):
     """A tracked run elsewhere (Weights & Biases, MLflow: builders/experiments/tracking.py):
     the config, the metrics as they are written, the files at the end."""
 
+    @property
+    def run_id(self) -> str:
+        """The backend's id of the tracked run (a resumed run continues it)."""
+
     def start(self, config: Mapping[str, Any]) -> None:
         """Sends the run's resolved config (config.json's content)."""
 

@@ -18,7 +18,13 @@ trials around each trial, which logs under the sweep's name as its group.
 Where they write: wandb's project is $WANDB_PROJECT or "trellis" and its files go into the run
 directory unless $WANDB_DIR says otherwise (offline with $WANDB_MODE=offline); MLflow logs to
 $MLFLOW_TRACKING_URI (a server, or `file:DIR`, a local file store) under the experiment
-$MLFLOW_EXPERIMENT_NAME or "trellis". A resumed run is a new tracked run of the same name.
+$MLFLOW_EXPERIMENT_NAME or "trellis".
+
+A resumed run (`--resume=RUN_DIR`) continues its tracked run: the backend's run id is kept in
+RUN_DIR/tracking.json. Its history then holds, a second time, the points the killed part logged
+after its last checkpoint (the run directory drops them; MLflow keeps both, wandb ignores steps
+below its last); MLflow params keep their first values (it refuses a change), config.json as
+an artifact is the resumed run's.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from trellis.builders.experiments.rundir import CURVE, VIDEOS, Tracker
 
 TRACKERS = ("wandb", "mlflow")
 _PROJECT = "trellis"
+TRACKED_RUN = "tracking.json"  # In the run directory: {"backend": name, "id": its run's id}.
 
 
 class TrackingError(ValueError):
@@ -68,14 +75,21 @@ class WandbTracker:
     Args:
       run_dir: the run directory (its name is the run's; wandb's files go into it).
       group: the run's group (a sweep's name), or None.
+      run_id: the id of a wandb run to continue (a resumed run's), or None: a new one.
     """
 
-    def __init__(self, run_dir: str, group: str | None = None):
+    def __init__(self, run_dir: str, group: str | None = None, run_id: str | None = None):
         self._wandb = _import("wandb", "wandb")
         self._run = self._wandb.init(
             project=os.environ.get("WANDB_PROJECT", _PROJECT),
             name=os.path.basename(os.path.abspath(run_dir)), group=group,
-            dir=os.environ.get("WANDB_DIR", run_dir), reinit="create_new")
+            dir=os.environ.get("WANDB_DIR", run_dir), reinit="create_new", id=run_id,
+            resume=None if run_id is None else "allow")
+
+    @property
+    def run_id(self) -> str:
+        """The wandb run's id."""
+        return str(self._run.id)
 
     def start(self, config: Mapping[str, Any]) -> None:
         self._run.config.update(dict(config), allow_val_change=True)
@@ -106,22 +120,29 @@ class MlflowTracker:
     Args:
       run_dir: the run directory (its name is the run's).
       group: the run's group (a sweep's name; the tag `trellis.group`), or None.
+      run_id: the id of an MLflow run to continue (a resumed run's), or None: a new one.
     """
 
-    def __init__(self, run_dir: str, group: str | None = None):
+    def __init__(self, run_dir: str, group: str | None = None, run_id: str | None = None):
         mlflow = _import("mlflow", "mlflow")
         if os.environ.get("MLFLOW_TRACKING_URI", "").startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self._entities = mlflow.entities
         self._client = mlflow.MlflowClient()
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", _PROJECT)
-        experiment = self._client.get_experiment_by_name(name)
-        experiment_id = (self._client.create_experiment(name) if experiment is None
+        if run_id is None:
+            run_id = self._new_run(os.path.basename(os.path.abspath(run_dir)), group)
+        else:
+            self._client.update_run(run_id, status="RUNNING")
+        self._run_id = run_id
+
+    def _new_run(self, name: str, group: str | None) -> str:
+        """A new run `name` in the experiment (made if new), tagged with its group; its id."""
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", _PROJECT)
+        experiment = self._client.get_experiment_by_name(experiment_name)
+        experiment_id = (self._client.create_experiment(experiment_name) if experiment is None
                          else experiment.experiment_id)
         tags = {} if group is None else {"trellis.group": group}
-        self._run_id: str = self._client.create_run(
-            experiment_id, run_name=os.path.basename(os.path.abspath(run_dir)),
-            tags=tags).info.run_id
+        return str(self._client.create_run(experiment_id, run_name=name, tags=tags).info.run_id)
 
     @property
     def run_id(self) -> str:
@@ -130,7 +151,9 @@ class MlflowTracker:
 
     def start(self, config: Mapping[str, Any]) -> None:
         settings = {k: v for k, v in config.items() if isinstance(v, Mapping) and k != "run"}
-        params = [self._entities.Param(k, v[:6000]) for k, v in _flatten(settings).items()]
+        logged = self._client.get_run(self._run_id).data.params  # A resumed run's, kept.
+        params = [self._entities.Param(k, v[:6000]) for k, v in _flatten(settings).items()
+                  if k not in logged]
         for i in range(0, len(params), 100):  # log_batch takes at most 100 params.
             self._client.log_batch(self._run_id, params=params[i:i + 100])
         self._client.log_dict(self._run_id, dict(config), "config.json")
@@ -148,11 +171,11 @@ class MlflowTracker:
         self._client.set_terminated(self._run_id, "FAILED" if failed else "FINISHED")
 
 
-_BACKENDS: dict[str, Callable[[str, str | None], Tracker]] = {
+_BACKENDS: dict[str, Callable[[str, str | None, str | None], Tracker]] = {
     "wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
-def backend(name: str) -> Callable[[str, str | None], Tracker]:
+def backend(name: str) -> Callable[[str, str | None, str | None], Tracker]:
     """The tracker class of `name` (one of TRACKERS), its package imported.
 
     Raises:
@@ -176,8 +199,10 @@ def run_files(run_dir: str) -> tuple[str | None, list[str]]:
 @contextlib.contextmanager
 def tracked(name: str | None, run_dir: str, group: str | None = None
             ) -> Iterator[Tracker | None]:
-    """Inside, a tracked run of `run_dir` with backend `name` (None: no tracking, None given);
-    on exit its learning curve and videos go out and it ends (failed on an exception).
+    """Inside, a tracked run of `run_dir` with backend `name` (None: no tracking, None given):
+    the one RUN_DIR/tracking.json names where it names one of that backend (a resumed run),
+    else a new one, whose id it then keeps. On exit its learning curve and videos go out and it
+    ends (failed on an exception).
 
     Raises:
       TrackingError: see `backend`.
@@ -185,7 +210,16 @@ def tracked(name: str | None, run_dir: str, group: str | None = None
     if name is None:
         yield None
         return
-    tracker = backend(name)(run_dir, group)
+    path = os.path.join(run_dir, TRACKED_RUN)
+    kept = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)
+    tracker = backend(name)(run_dir, group,
+                            kept.get("id") if kept.get("backend") == name else None)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"backend": name, "id": tracker.run_id}, f)
     failed = True
     try:
         yield tracker
