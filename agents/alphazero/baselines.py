@@ -226,6 +226,23 @@ def match(env: Any, player: Player, opponent: Player, key: jax.Array, num_games:
     return jnp.concatenate([as_first, as_second])
 
 
+def make_search_match(env: Any, player_of: Callable[[Params], Player], opponent: str,
+                      mcts_simulations: int, num_games: int
+                      ) -> Callable[[Params, jax.Array], jax.Array]:
+    """`play(params, key) -> outcomes [num_games]` (1, 0, -1): the player `player_of(params)`
+    against the baseline `opponent` (`make_opponent`), half the games moving first.
+
+    Raises:
+      ValueError: an unknown baseline, or one that does not play this game.
+    """
+    baseline = make_opponent(opponent, env, mcts_simulations)
+
+    def play(params: Params, key: jax.Array) -> jax.Array:
+        return match(env, player_of(params), baseline, key, num_games)
+
+    return play
+
+
 def make_opponent(name: str, env: Any, mcts_simulations: int) -> Player:
     """The baseline called `name` ("random", "mcts", "minimax").
 

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trellis.agents.alphazero.baselines import Player, make_opponent, match
+from trellis.agents.alphazero.baselines import Player, make_search_match
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.learner import make_training
 from trellis.agents.alphazero.networks import PolicyValueNet, make_networks
@@ -68,13 +68,9 @@ class AlphaZeroBuilder:
         Raises:
           ValueError: an unknown baseline, or one that does not play this game.
         """
-        baseline = make_opponent(opponent, env, self.config.mcts_simulations)
-
-        def play(params: Params, key: jax.Array) -> jax.Array:
-            return match(env, self.make_search_player(networks, env, params), baseline, key,
-                         num_games)
-
-        return play
+        return make_search_match(
+            env, lambda params: self.make_search_player(networks, env, params), opponent,
+            self.config.mcts_simulations, num_games)
 
     def make_training(self, networks: PolicyValueNet, spec: EnvSpec) -> Training:
         return make_training(networks, spec, self.config)

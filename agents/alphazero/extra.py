@@ -13,14 +13,15 @@ SEARCH_PACKAGES = ("mctx", "pgx")
 INSTALL = "pip install -e '.[search]'"
 
 
-def missing_search_extra(package: str) -> type:
-    """A stand-in for AlphaZeroBuilder where `package` (one of SEARCH_PACKAGES) is not
-    installed: building it raises ValueError, one line naming the extra."""
+def missing_search_extra(package: str, agent: str = "alphazero") -> type:
+    """A stand-in for the builder of `agent` (AlphaZero's, MuZero's) where `package` (one of
+    SEARCH_PACKAGES) is not installed: building it raises ValueError, one line naming the
+    extra."""
 
     class SearchExtraMissing:
         def __init__(self, config: Any) -> NoReturn:
             del config
-            raise ValueError(f"--agent=alphazero needs the search extra ({package} is not "
+            raise ValueError(f"--agent={agent} needs the search extra ({package} is not "
                              f"installed): {INSTALL}")
 
     return SearchExtraMissing

@@ -56,32 +56,48 @@ def make_recurrent_fn(env: Any, network: Any) -> mctx.RecurrentFn:
     return recurrent_fn
 
 
-def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: bool = False
-                ) -> Search:
-    """`search(params, key, state) -> mctx.PolicyOutput` for a batch of pgx states.
+def run_search(config: AlphaZeroConfig, params: Params, key: jax.Array,
+               root: mctx.RootFnOutput, recurrent_fn: mctx.RecurrentFn, invalid: jax.Array,
+               evaluation: bool = False) -> SearchOutput:
+    """mctx's search from `root` as `config` sets it (AlphaZero's and MuZero's alike).
 
     Self-play explores: Dirichlet noise at the root and moves sampled from the visit counts
     (muzero), or Gumbel noise (gumbel). Evaluation does not: the most visited move (muzero),
     sequential halving without noise (gumbel), with `eval_simulations` where it is set.
+
+    Args:
+      config: the search's settings.
+      params, key: the search's params (passed to `recurrent_fn`) and key.
+      root: the root's prior logits [B, A], value [B] and embedding.
+      recurrent_fn: the model the tree steps.
+      invalid: [B, A] the root's illegal actions, never searched nor chosen.
+      evaluation: without exploration noise.
     """
-    recurrent_fn = make_recurrent_fn(env, network)
     simulations = (config.eval_simulations or config.num_simulations if evaluation
                    else config.num_simulations)
+    if config.search_policy == "gumbel":
+        return mctx.gumbel_muzero_policy(
+            params, key, root, recurrent_fn, simulations, invalid_actions=invalid,
+            max_num_considered_actions=config.max_considered_actions,
+            gumbel_scale=0.0 if evaluation else 1.0)
+    return mctx.muzero_policy(
+        params, key, root, recurrent_fn, simulations, invalid_actions=invalid,
+        dirichlet_fraction=0.0 if evaluation else config.dirichlet_fraction,
+        dirichlet_alpha=config.dirichlet_alpha, pb_c_init=config.pb_c_init,
+        temperature=0.0 if evaluation else 1.0)
+
+
+def make_search(env: Any, network: Any, config: AlphaZeroConfig, evaluation: bool = False
+                ) -> Search:
+    """`search(params, key, state) -> mctx.PolicyOutput` for a batch of pgx states, the tree
+    over the game itself (`run_search` says how it explores)."""
+    recurrent_fn = make_recurrent_fn(env, network)
 
     def search(params: Params, key: jax.Array, state: Games) -> SearchOutput:
         logits, value = network.apply(params, state.observation)
         root = mctx.RootFnOutput(prior_logits=masked_logits(logits, state.legal_action_mask),
                                  value=value, embedding=state)
-        invalid = ~state.legal_action_mask
-        if config.search_policy == "gumbel":
-            return mctx.gumbel_muzero_policy(
-                params, key, root, recurrent_fn, simulations, invalid_actions=invalid,
-                max_num_considered_actions=config.max_considered_actions,
-                gumbel_scale=0.0 if evaluation else 1.0)
-        return mctx.muzero_policy(
-            params, key, root, recurrent_fn, simulations, invalid_actions=invalid,
-            dirichlet_fraction=0.0 if evaluation else config.dirichlet_fraction,
-            dirichlet_alpha=config.dirichlet_alpha, pb_c_init=config.pb_c_init,
-            temperature=0.0 if evaluation else 1.0)
+        return run_search(config, params, key, root, recurrent_fn, ~state.legal_action_mask,
+                          evaluation)
 
     return search

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.losses import value_targets
-from trellis.agents.alphazero.search import Games, make_search
+from trellis.agents.alphazero.search import Games, Search, make_search
 from trellis.agents.common.params import Params
 from trellis.agents.common.training import TrainingState
 from trellis.builders.contract.agent import Training
@@ -68,11 +68,12 @@ def replay_sample(replay: Replay, key: jax.Array, batch_size: int) -> dict[str, 
 @flax.struct.dataclass
 class Moves:
     """Moves of the games side by side, [T, B, ...]: the position (observation, who moves),
-    the search's policy there, and what the move gave (rewards, whether the game ended)."""
+    the search's policy there, the move, and what it gave (rewards, whether the game ended)."""
 
     obs: jax.Array
     player: jax.Array
     policy: jax.Array
+    action: jax.Array
     rewards: jax.Array
     terminated: jax.Array
 
@@ -109,10 +110,34 @@ class SelfPlayLoop:
         return SelfPlayCounts(state.moves, state.train.step, state.games_finished)
 
 
+# positions(moves [2T, B], valid) -> the replay's items of the first T moves' positions,
+# {name: [T, B, ...]} with "weight" (0: not stored), from those moves and the next T (whose
+# games end the first T's); `valid` False: the first T are the zeros before any move.
+Positions = Callable[[Moves, jax.Array], dict[str, jax.Array]]
+
+
+def outcome_positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
+    """AlphaZero's positions: observation, search policy, and the game's outcome for the
+    player to move (weight 0 where the game has not ended yet)."""
+    num_moves = moves.obs.shape[0] // 2
+    values, known = value_targets(moves.rewards, moves.terminated, moves.player)
+    return {"obs": moves.obs[:num_moves], "policy": moves.policy[:num_moves],
+            "value": values[:num_moves],
+            "weight": (known[:num_moves] & valid).astype(jnp.float32)}
+
+
 def make_self_play(env: Any, network: Any, training: Training, config: AlphaZeroConfig
                    ) -> SelfPlayLoop:
     """AlphaZero's self-play loop on `env` (see the module's docstring)."""
-    search = make_search(env, network, config)
+    return make_self_play_loop(env, make_search(env, network, config), training, config,
+                               outcome_positions)
+
+
+def make_self_play_loop(env: Any, search: Search, training: Training, config: AlphaZeroConfig,
+                        positions: Positions) -> SelfPlayLoop:
+    """The self-play loop on `env` of any search and learning (AlphaZero's, MuZero's):
+    `search` picks the moves, `positions` makes the replay's items, `training` learns from
+    `sample_batch_size` of them per step."""
     update = training.make_update(None)
     num_games, num_moves = config.batch_size, config.unroll_length
 
@@ -126,7 +151,7 @@ def make_self_play(env: Any, network: Any, training: Training, config: AlphaZero
         out = search(params, search_key, games)
         after = jax.vmap(env.step)(games, out.action)
         record = Moves(games.observation, games.current_player, jnp.asarray(out.action_weights),
-                       after.rewards, after.terminated)
+                       jnp.asarray(out.action), after.rewards, after.terminated)
         # Finished games restart at once.
         fresh = new_games(reset_key)
         over = after.terminated
@@ -142,8 +167,9 @@ def make_self_play(env: Any, network: Any, training: Training, config: AlphaZero
             lambda: jax.lax.scan(move, (training.init(train_key).params, games),
                                  jax.random.split(moves_key, num_moves)))
         pending = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), pending)
-        example = {"obs": pending.obs[0, 0], "policy": pending.policy[0, 0],
-                   "value": jnp.zeros((), jnp.float32), "weight": jnp.zeros((), jnp.float32)}
+        both = jax.tree.map(lambda a: jnp.concatenate([a, a]), pending)
+        example = jax.tree.map(lambda s: jnp.zeros(s.shape[2:], s.dtype),
+                               jax.eval_shape(positions, both, jnp.zeros((), bool)))
         zero = jnp.zeros((), jnp.int32)
         return SelfPlayState(training.init(train_key), games,
                              replay_init(config.replay_size, example), pending,
@@ -165,15 +191,12 @@ def make_self_play(env: Any, network: Any, training: Training, config: AlphaZero
                                          jax.random.split(play_key, num_moves))
         # The pending moves' games end in these moves (or earlier) when no longer than T.
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), state.pending, moves)
-        values, known = value_targets(both.rewards, both.terminated, both.player)
-        pending = state.pending
-        positions = {"obs": pending.obs, "policy": pending.policy, "value": values[:num_moves],
-                     "weight": (known[:num_moves] & state.pending_valid).astype(jnp.float32)}
+        items = positions(both, state.pending_valid)
         replay = replay_add(state.replay, jax.tree.map(
-            lambda x: x.reshape((-1, *x.shape[2:])), positions))
+            lambda x: x.reshape((-1, *x.shape[2:])), items))
         ready = replay.size >= config.min_replay_size
-        zeros = {name: jnp.zeros((), jnp.float32)
-                 for name in ("loss", "policy_loss", "value_loss")}
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                             jax.eval_shape(learn, state.train, replay, learn_key)[1])
         train, metrics = jax.lax.cond(ready, learn, lambda t, r, k: (t, zeros),
                                       state.train, replay, learn_key)
         finished = moves.terminated.sum(dtype=jnp.int32)
@@ -181,7 +204,7 @@ def make_self_play(env: Any, network: Any, training: Training, config: AlphaZero
                               state.moves + num_moves * num_games,
                               state.games_finished + finished)
         metrics.update(replay_size=replay.size, self_play_games=finished,
-                       unknown_outcomes=(~known[:num_moves]).sum(dtype=jnp.int32))
+                       unknown_outcomes=(items["weight"] == 0).sum(dtype=jnp.int32))
         return state, metrics
 
     return SelfPlayLoop(init, iterate)

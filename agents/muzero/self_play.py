@@ -1,0 +1,41 @@
+"""MuZero's self-play: AlphaZero's loop (agents/alphazero/self_play.py: games side by side on
+the device, replay, SGD in one jitted call) with the search over the learned model and
+positions that hold their K-step targets (`losses.unroll_targets`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from trellis.agents.alphazero.self_play import (
+    Moves,
+    Positions,
+    SelfPlayLoop,
+    make_self_play_loop,
+)
+from trellis.agents.muzero.config import MuZeroConfig
+from trellis.agents.muzero.losses import unroll_targets
+from trellis.agents.muzero.networks import MuZeroNet
+from trellis.agents.muzero.search import make_search
+from trellis.builders.contract.agent import Training
+
+
+def make_positions(num_unroll_steps: int) -> Positions:
+    """`positions(moves [2T, B], valid)`: the replay's items of the first T moves, their
+    observation and K-step targets (`agents.alphazero.self_play.Positions`)."""
+
+    def positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
+        targets = unroll_targets(moves.action, moves.policy, moves.rewards, moves.terminated,
+                                 moves.player, num_unroll_steps)
+        return {**targets, "obs": moves.obs[:moves.obs.shape[0] // 2],
+                "weight": targets["weight"] * valid}
+
+    return positions
+
+
+def make_self_play(env: Any, network: MuZeroNet, training: Training, config: MuZeroConfig
+                   ) -> SelfPlayLoop:
+    """MuZero's self-play loop on `env` (see the module's docstring)."""
+    return make_self_play_loop(env, make_search(network, config), training, config,
+                               make_positions(config.num_unroll_steps))
