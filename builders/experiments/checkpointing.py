@@ -15,6 +15,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import sys
 import types
 from typing import Any
 
@@ -27,6 +28,8 @@ from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.counter import Counter
 
 CHECKPOINT_SUBDIR = "checkpoints"
+# Where checkpoints that cannot be read are moved (beside CHECKPOINT_SUBDIR), never deleted.
+CORRUPT_SUBDIR = "corrupt_checkpoints"
 
 
 class CheckpointError(Exception):
@@ -135,6 +138,10 @@ class Checkpointer:
         state = jax.tree.map(lambda t, r: t if _empty(t) else r, target, restored.state)
         return state, dict(restored.progress)
 
+    def wait(self) -> None:
+        """Waits until a pending save is on disk."""
+        self._manager.wait_until_finished()
+
     def close(self) -> None:
         """Waits for a pending save, then releases orbax's threads."""
         self._manager.wait_until_finished()
@@ -142,50 +149,106 @@ class Checkpointer:
 
 
 def open_checkpoints(checkpoints: Checkpoints | None, learner: Learner,
-                     config: ExperimentConfig) -> tuple[Checkpointer | None, Counter]:
+                     config: ExperimentConfig, restarted: bool = False
+                     ) -> tuple[Checkpointer | None, Counter]:
     """A learner node's checkpointer (None without `checkpoints`) and its run's counter;
     where `checkpoints` resumes, both from its checkpoint: the learner's state is restored
     into `learner`, and the counter goes on from the saved counts.
+
+    A `restarted` learner node (`max_learner_restarts`: its process died) goes on from the
+    newest readable checkpoint its run wrote instead (`newest_readable`), or from
+    `checkpoints`' own start where there is none yet.
 
     Raises:
       CheckpointError: the checkpoint to resume from is missing or does not fit.
     """
     if checkpoints is None:
         return None, Counter(config.return_window)
+    step = checkpoints.resume_step
+    if restarted and _steps_in(checkpoints.directory):
+        # Before the checkpointer opens the directory: unreadable ones are moved out first.
+        step = newest_readable(checkpoints.directory)[0]
     checkpointer = Checkpointer(checkpoints.directory, config.keep_checkpoints)
-    if checkpoints.resume_step is None:
+    if step is None:
         return checkpointer, Counter(config.return_window)
-    state, progress = checkpointer.restore(learner.state, checkpoints.resume_step)
+    state, progress = checkpointer.restore(learner.state, step)
     learner.restore(state)
     return checkpointer, Counter.restore(progress, config.return_window)
 
 
 def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:
-    """Finds and reads the newest checkpoint of a run directory, arrays included.
+    """Finds and reads the newest readable checkpoint of a run directory, arrays included
+    (`newest_readable` of its checkpoints directory).
 
     Meant for the launcher before it starts a resumed run, so that a missing or damaged
-    checkpoint is one clear error there instead of a node failing deep inside orbax.
+    checkpoint is one clear error (or warning) there instead of a node failing deep inside
+    orbax.
 
     Returns:
-      (step, progress) of the newest checkpoint.
+      (step, progress) of the checkpoint.
 
     Raises:
-      CheckpointError: none found, or it cannot be read; the message names the path.
+      CheckpointError: none found, or none can be read; the message names the path.
     """
-    directory = checkpoint_dir(run_dir)
+    return newest_readable(checkpoint_dir(run_dir))
+
+
+def newest_readable(directory: str) -> tuple[int, dict[str, Any]]:
+    """(step, progress) of the newest checkpoint in `directory` whose arrays and progress can
+    be read.
+
+    Newer ones that cannot (a disk that filled up, a copy cut short, a file truncated: orbax
+    then fails with e.g. "Failed to read Metadata file") are moved to `CORRUPT_SUBDIR` beside
+    `directory`, not deleted, with one warning line on stderr naming them and the step used:
+    left in place they would stay the newest, and the run would neither checkpoint below them
+    nor keep them past `keep_checkpoints`.
+
+    Raises:
+      CheckpointError: `directory` holds no checkpoint, or none that can be read.
+    """
     if not os.path.isdir(directory):
         raise CheckpointError(f"no checkpoints in {directory} (the directory does not exist)")
-    ocp = _ocp()
-    try:
-        manager = ocp.CheckpointManager(directory)
-        step = manager.latest_step()
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"cannot read checkpoints in {directory}: {_one_line(e)}") from e
-    if step is None:
+    steps = _steps_in(directory)
+    if not steps:
         raise CheckpointError(f"no complete checkpoint in {directory}")
+    bad: list[tuple[int, CheckpointError]] = []
+    for step in steps:
+        try:
+            progress = _read_progress(directory, step)
+        except CheckpointError as e:
+            bad.append((step, e))
+            continue
+        if bad:
+            _set_aside(directory, bad, step)
+        return step, progress
+    raise CheckpointError(f"no readable checkpoint in {directory}: {bad[0][1]}")
+
+
+def _steps_in(directory: str) -> list[int]:
+    """The steps of the complete checkpoints in `directory` (none if it does not exist),
+    newest first (orbax names each by its step; one being written has a temporary name until
+    it is complete)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted((int(name) for name in os.listdir(directory)
+                   if name.isdigit() and os.path.isdir(os.path.join(directory, name))),
+                  reverse=True)
+
+
+def _read_progress(directory: str, step: int) -> dict[str, Any]:
+    """Checkpoint `step`'s progress, once its arrays are read too: the only sure test that
+    they are intact.
+
+    Raises:
+      CheckpointError: it cannot be read, or its progress lacks the counters.
+    """
+    ocp = _ocp()
     path = os.path.join(directory, str(step))
     try:
-        # Reading the arrays is the only sure test that they are intact.
+        manager = ocp.CheckpointManager(directory)
+    except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
+        raise CheckpointError(f"cannot read checkpoints in {directory}: {_one_line(e)}") from e
+    try:
         restored = manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(), progress=ocp.args.JsonRestore()))
         progress = dict(restored.progress)
@@ -196,7 +259,24 @@ def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:
     for name in ("env_steps", "learner_steps"):
         if not isinstance(progress.get(name), int):
             raise CheckpointError(f"checkpoint {path}: progress has no integer {name!r}")
-    return step, progress
+    return progress
+
+
+def _set_aside(directory: str, bad: list[tuple[int, CheckpointError]], used: int) -> None:
+    """Moves the unreadable checkpoints `bad` to `CORRUPT_SUBDIR` beside `directory`, saying
+    so in one line."""
+    corrupt = os.path.join(os.path.dirname(directory), CORRUPT_SUBDIR)
+    os.makedirs(corrupt, exist_ok=True)
+    for step, _ in bad:
+        target = os.path.join(corrupt, str(step))
+        suffix = 1
+        while os.path.exists(target):  # Set aside before, by an earlier resume.
+            target = os.path.join(corrupt, f"{step}.{suffix}")
+            suffix += 1
+        os.rename(os.path.join(directory, str(step)), target)
+    steps = ", ".join(str(step) for step, _ in bad)
+    print(f"[run] warning: checkpoint {steps} cannot be read ({bad[0][1]}); moved to {corrupt}; "
+          f"resuming from checkpoint {used}", file=sys.stderr, flush=True)
 
 
 def check_resumable(run_dir: str, step: int, target: Any) -> None:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from trellis.launch.runtime.node_context import StopEvent
 
 # step(inputs {field: [K, ...]}, episodes) -> the envs' actions, or None when stopping.
 Step = Callable[[dict[str, np.ndarray], list[tuple[float, int]]], Any]
+T = TypeVar("T")
 
 
 class EpisodeTracker:
@@ -206,20 +207,43 @@ class EnvWorker:
             raise errors[0]
 
     def _run_group(self, group: int, stop: _GroupStop, restarts: int) -> None:
-        run_id = secrets.randbits(62)  # New process, new id: the server resets our slots.
         worker_id = self._worker_id * self._buffers + group
         seed = restart_seed(self._seed + group * self._group_envs, restarts)
         spec = self._factory.spec()
         fmt = step_format(spec)
         envs = self._factory.make_vector(self._group_envs, seed=seed)
-        channel = self._shm_channel(worker_id, run_id, spec, stop)
+        stepped = (_MultiAgentEnvs(envs, fmt, self._group_envs) if fmt.multi_agent
+                   else _GymnasiumEnvs(envs, self._group_envs))
         try:
-            step = (self._socket_step(worker_id, run_id) if channel is None
-                    else shm_step(channel, fmt, stop))
-            self._loop(group, _MultiAgentEnvs(envs, fmt, self._group_envs) if fmt.multi_agent
-                       else _GymnasiumEnvs(envs, self._group_envs), step, seed, stop)
+            # A learner restarted after dying (`max_learner_restarts`) serves at the same
+            # address: the group connects to it again, and its envs start new episodes.
+            connections = 0
+            while not self._connected(group, worker_id, stepped, seed, stop):
+                connections += 1
+                seed = drawn_seed(seed, connections)
         finally:
             envs.close()
+
+    def _connected(self, group: int, worker_id: int, envs: _GymnasiumEnvs | _MultiAgentEnvs,
+                   seed: int, stop: _GroupStop) -> bool:
+        """Steps the group's envs, reset with `seed`, through one connection to the inference
+        server: True once the program stops, False where the server is lost first."""
+        run_id = secrets.randbits(62)  # A new id: the server resets our slots.
+        spec = self._factory.spec()
+        channel = None
+        try:
+            # Also the RPC: its socket, left from a server that died, fails once.
+            channel = _lost_on_error(self._shm_channel)(worker_id, run_id, spec, stop)
+            step = (self._socket_step(worker_id, run_id) if channel is None
+                    else shm_step(channel, step_format(spec), stop))
+            self._loop(group, envs, _lost_on_error(step), seed, stop)
+            return True
+        except InferenceLost as e:
+            if stop.wait(1.0):  # The learner stopped with the program.
+                return True
+            print(f"env worker {worker_id}: {e}; connecting again", file=sys.stderr, flush=True)
+            return False
+        finally:
             if channel is not None:
                 channel.close()
 
@@ -256,6 +280,21 @@ class EnvWorker:
                 return
             inputs, finished = envs.step(actions)
             self._steps[group] += self._group_envs
+
+
+class InferenceLost(ConnectionError):
+    """The connection to the inference server broke during a step (its node died)."""
+
+
+def _lost_on_error(call: Callable[..., T]) -> Callable[..., T]:
+    """`call` (a step, an RPC), whose lost connections raise `InferenceLost`: not an env's
+    own errors."""
+    def guarded(*args: Any) -> T:
+        try:
+            return call(*args)
+        except ConnectionError as e:
+            raise InferenceLost(f"lost the inference server ({e})") from e
+    return guarded
 
 
 class _GroupStop:

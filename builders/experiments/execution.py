@@ -32,12 +32,20 @@ class Report:
     record_now: bool = False
 
 
+# The exit code of a run whose learner did not end within `shutdown_timeout_s` once stopping
+# (a signal, the budget): it was killed, and its final checkpoint is not written. Not 1 (a
+# node's error) nor 130 (a signal, the final checkpoint written): a job scheduler that requeues
+# a preempted run may want to know that the newest checkpoint is older than the stop.
+CHECKPOINT_NOT_WRITTEN = 3
+
+
 @dataclasses.dataclass(frozen=True)
 class Ending:
     """How a platform's program ended, once it has stopped and saved its final checkpoint.
 
     Attributes:
-      exit_code: 0 at the budget or the return target, 1 on a node's error, 130 on a signal.
+      exit_code: 0 at the budget or the return target, 1 on a node's error, 130 on a signal,
+        `CHECKPOINT_NOT_WRITTEN` (3) where the final checkpoint could not be written in time.
       started: when the session's clock starts (`time.monotonic()`): the launch, or for
         anakin the process's start (imports and compilation are part of its time).
       fields: the platform's own summary fields (node restarts and start-up times; a

@@ -10,6 +10,7 @@ updates and stops the program, and checkpoints when the session's timer asks.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from trellis.builders.experiments.checkpointing import (
     check_resumable,
     checkpoint_dir,
 )
-from trellis.builders.experiments.execution import Ending, Report
+from trellis.builders.experiments.execution import CHECKPOINT_NOT_WRITTEN, Ending, Report
 from trellis.builders.experiments.platforms import HostPlatform
 from trellis.builders.experiments.program import make_program
 from trellis.builders.experiments.rundir import VIDEOS
@@ -65,6 +66,7 @@ class ProgramRun:
             checkpoints=Checkpoints(checkpoint_dir(run_dir), resume_step), stop_rule=stop_rule,
             video_dir=os.path.join(run_dir, VIDEOS) if config.video else None)
         self._platform = platform
+        self._shutdown_timeout_s = config.shutdown_timeout_s
         self._running: runtime.RunningProgram | None = None
         self._learner: Any = None
         self._pending: Any = None  # The stats() call in flight.
@@ -76,7 +78,8 @@ class ProgramRun:
         if self._running is None:
             self._launched_at, self._started = time.time(), time.monotonic()
             running = runtime.launch(self._program, platform=self._platform.platform,
-                                     block=False, **self._platform.launch_options())
+                                     block=False, stop_timeout_s=self._shutdown_timeout_s,
+                                     **self._platform.launch_options())
             assert isinstance(running, runtime.RunningProgram)  # What `block=False` returns.
             self._running = running
             self._learner = self._program.handles("learner")[0].dereference()
@@ -117,5 +120,12 @@ class ProgramRun:
             "startup_s": {name: None if t is None else round(t - self._launched_at, 3)
                           for name, t in stats.get("startup", {}).items()},
         }
-        return Ending(result.exit_code, self._started, fields,
+        exit_code = result.exit_code
+        if result.stopped_by != "error" and self._program.handles("learner")[0].label in (
+                result.forced):
+            print(f"[run] the final checkpoint was not written: the learner did not end within "
+                  f"--shutdown_timeout_s={self._shutdown_timeout_s:g} s; the run resumes from "
+                  f"its newest checkpoint before", file=sys.stderr, flush=True)
+            exit_code = CHECKPOINT_NOT_WRITTEN
+        return Ending(exit_code, self._started, fields,
                       result.reason if result.stopped_by == "error" else None)

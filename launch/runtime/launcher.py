@@ -49,6 +49,9 @@ class LaunchResult:
       info: the stop request's info dict, else {}.
       error_node: label of the node that failed, for "error".
       error_traceback: that node's traceback, for "error" (None when its process died silently).
+      forced: labels of the nodes that did not end within the launch's `stop_timeout_s` once
+        stopping began, and were killed (processes) or left running (threads): whatever they
+        still had to do at their end (a final checkpoint) is not done.
     """
 
     stopped_by: str
@@ -56,6 +59,7 @@ class LaunchResult:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     error_node: str | None = None
     error_traceback: str | None = None
+    forced: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -75,8 +79,9 @@ class Backend(Protocol):
     def restart(self, label: str, restarts: int) -> None:
         """Runs node `label`, which failed, again; its code sees `restart_count() == restarts`."""
 
-    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
-        """Sets the stop event, waits up to `timeout_s` for nodes to end, then forces them."""
+    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> list[str]:
+        """Sets the stop event, waits up to `timeout_s` for nodes to end, then forces them;
+        returns the labels of those it forced."""
 
 
 class RunningProgram:
@@ -187,7 +192,9 @@ class RunningProgram:
                   file=sys.stderr, flush=True)
         finally:
             try:
-                self._backend.shutdown(self._stop_timeout_s, self._on_status)
+                forced = self._backend.shutdown(self._stop_timeout_s, self._on_status)
+                if forced and self._result is not None:
+                    self._result = dataclasses.replace(self._result, forced=tuple(forced))
             finally:
                 self._done.set()
 
@@ -306,7 +313,8 @@ def launch(
         `RunningProgram` at once.
       stop_timeout_s: when stopping, how long nodes get to return after the stop event is set.
         Processes still alive then get SIGTERM, and SIGKILL 1 s later; threads cannot be
-        killed and are left behind with a warning.
+        killed and are left behind with a warning. Either way the result names them
+        (`LaunchResult.forced`).
       **platform_options: passed to the platform's backend, e.g. `ray_address="auto"` on ray.
 
     Returns:

@@ -190,7 +190,7 @@ class Backend:
             reason=f"process {child.process.pid} exited unexpectedly with {how}",
         )
 
-    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
+    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> list[str]:
         self._stopping = True
         for node in self._program.nodes:
             if node.address is not None:
@@ -233,6 +233,7 @@ class Backend:
             if end is not None:
                 end.close()
         self._lifeline = self._lifeline_writer = None
+        return [child.label for child in stuck]
 
 
 def _start_context(preload: tuple[str, ...]) -> (multiprocessing.context.ForkServerContext

@@ -87,7 +87,7 @@ class Backend:
     def poll(self, timeout_s: float) -> list[Status]:
         return drain(self._statuses, timeout_s)
 
-    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
+    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> list[str]:
         self._stop_event.set()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
@@ -101,7 +101,8 @@ class Backend:
             self._process_context
         ):
             node_context.bind_process(None)
-        stuck = [thread.name for thread in self._threads if thread.is_alive()]
+        stuck = [thread.name.removeprefix("node:") for thread in self._threads
+                 if thread.is_alive()]
         if stuck:
             print(
                 f"[launch] {len(stuck)} node thread(s) of program '{self._program.name}' did not "
@@ -110,3 +111,4 @@ class Backend:
                 file=sys.stderr,
                 flush=True,
             )
+        return stuck

@@ -265,11 +265,11 @@ class Backend:
         actor.status_ref = None
         return out
 
-    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> None:
+    def shutdown(self, timeout_s: float, on_status: Callable[[Status], None]) -> list[str]:
         self._stopping = True
         ray = self._ray
         if ray is None:
-            return
+            return []
         for node in self._program.nodes:
             if node.address is not None:
                 rpc.mark_stopped(node.address)
@@ -277,6 +277,7 @@ class Backend:
             if not actor.ended:
                 actor.handle.stop.remote()
         deadline = time.monotonic() + timeout_s
+        stuck: list[str] = []
         while any(not a.ended for a in self._actors.values()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -303,6 +304,7 @@ class Backend:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _wait_exited(left, _EXIT_TIMEOUT_S)
+        return stuck
 
 
 def _pids(ray: Any, handles: list[Any]) -> list[int]:

@@ -1,0 +1,247 @@
+"""Runs that survive preemption and loss (issue 48, item 6), through launch/run.py on local_mp:
+SIGTERM keeps a final checkpoint within `--shutdown_timeout_s` (else exit code 3 and one line
+saying so), a resume falls back past an unreadable newest checkpoint with one warning line, and
+a learner whose process is killed is restarted from its newest checkpoint
+(`--max_learner_restarts`) while the env workers reconnect."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import pytest
+
+from tests import launch_nodes as nodes
+from tests import processes
+from trellis.builders.experiments.checkpointing import (
+    CORRUPT_SUBDIR,
+    Checkpointer,
+    CheckpointError,
+    checkpoint_dir,
+    latest_checkpoint,
+)
+from trellis.launch import runtime
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, os.path.join(REPO, "launch", "run.py")]
+# IMPALA on CartPole with 2 env workers: a run that checkpoints every second.
+BASE = ["--agent=impala", "--platform=local_mp", "--checkpoint_every_s=1", "--quiet"]
+
+
+def _summary(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def _steps(run_dir):
+    """The steps of the run's checkpoints on disk (orbax names each by its step)."""
+    directory = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def _env_steps(run_dir):
+    """The env steps of the newest metrics record (0 before the first)."""
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            lines = [line for line in f.read().splitlines() if line.endswith("}")]
+    except FileNotFoundError:
+        return 0
+    return json.loads(lines[-1])["env_steps"] if lines else 0
+
+
+def _wait_for(condition, proc, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None and not condition():
+        time.sleep(0.2)
+    assert proc.poll() is None and condition(), f"not {what} in {timeout_s} s"
+
+
+def _start(args):
+    return subprocess.Popen(RUN + BASE + args, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc, timeout_s):
+    try:
+        return proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:  # Never leave a training run behind.
+            proc.kill()
+            proc.communicate()
+
+
+def _interrupted_run(run_dir, shutdown_timeout_s):
+    """A run stopped by SIGTERM once it has checkpointed mid-run: (its end's seconds after the
+    signal, the signal's time, the env steps recorded before it, exit code, stderr)."""
+    proc = _start(["--stop_at_return=none", "--total_env_steps=100000000",
+                   f"--shutdown_timeout_s={shutdown_timeout_s}", f"--logdir={run_dir}"])
+    try:
+        # Training (past the compiles), so that env steps follow the last timed checkpoint.
+        _wait_for(lambda: _env_steps(run_dir) > 5000 and _steps(run_dir), proc, 180,
+                  "training")
+        before, signalled = _env_steps(run_dir), time.time()
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=shutdown_timeout_s + 30)
+    finally:
+        _finish(proc, 10)
+    return time.monotonic() - start, signalled, before, proc.returncode, stderr
+
+
+def test_sigterm_keeps_a_final_checkpoint_within_the_bound_and_resume_goes_on(tmp_path):
+    run_dir = str(tmp_path / "run")
+    bound = 30.0
+    took, signalled, before, code, stderr = _interrupted_run(run_dir, bound)
+    # The bound is the nodes'; the summary and learning curve follow (a few seconds on 2 cores).
+    assert code == 130 and took < bound, (took, stderr)
+    s = _summary(run_dir)
+    newest = _steps(run_dir)[-1]
+    assert s["stopped_by"] == "signal" and newest == s["env_steps"] >= before
+    assert os.path.getmtime(os.path.join(run_dir, "checkpoints", str(newest))) >= signalled
+    # The resume goes on from the final checkpoint: no env steps lost.
+    out = subprocess.run(RUN + [f"--resume={run_dir}", f"--total_env_steps={newest + 2000}",
+                                "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    resumed = _summary(run_dir)
+    assert resumed["resumed_from_env_steps"] == newest and resumed["env_steps"] >= newest + 2000
+
+
+def test_nodes_past_the_stop_bound_are_named_in_the_result():
+    program = runtime.Program("bound")
+    program.add_node(runtime.PyNode(nodes.print_pid_and_ignore_the_stop), label="stuck")
+    program.add_node(runtime.PyNode(nodes.print_pid_and_wait), label="waiter")
+    running = runtime.launch(program, platform="local_mp", block=False, stop_timeout_s=0.5)
+    time.sleep(1.0)  # Both started.
+    start = time.monotonic()
+    result = running.stop()
+    assert result.stopped_by == "signal" and result.forced == ("stuck",)
+    assert time.monotonic() - start < 5.0  # The bound, then SIGTERM and SIGKILL 1 s later.
+
+
+@pytest.mark.slow
+def test_shutdown_past_the_bound_exits_3_saying_the_checkpoint_is_lost(tmp_path):
+    # A bound no learner meets: it is killed, and the run says so in its own line and code.
+    run_dir = str(tmp_path / "run")
+    _, _, _, code, stderr = _interrupted_run(run_dir, 0.001)
+    assert code == 3, stderr
+    lines = [line for line in stderr.splitlines() if "final checkpoint was not written" in line]
+    assert len(lines) == 1 and "--shutdown_timeout_s=0.001" in lines[0], stderr
+    assert _summary(run_dir)["exit_code"] == 3
+
+
+def _corrupt(checkpoint):
+    """Truncates every file of a checkpoint's state, as a disk that filled up would."""
+    for folder, _, files in os.walk(os.path.join(checkpoint, "state")):
+        for name in files:
+            with open(os.path.join(folder, name), "r+b") as f:
+                f.truncate(0)
+
+
+def _checkpoints(run_dir, steps):
+    """A run directory with a small state checkpointed at `steps`."""
+    checkpointer = Checkpointer(checkpoint_dir(run_dir), max_to_keep=len(steps))
+    for step in steps:
+        checkpointer.save(step, {"w": jnp.full(3, float(step))},
+                          {"env_steps": step, "learner_steps": step // 10})
+    checkpointer.close()
+
+
+def test_resume_falls_back_past_an_unreadable_newest_checkpoint(tmp_path, capfd):
+    run_dir = str(tmp_path)
+    _checkpoints(run_dir, [100, 200, 300])
+    _corrupt(os.path.join(run_dir, "checkpoints", "300"))
+
+    assert latest_checkpoint(run_dir) == (200, {"env_steps": 200, "learner_steps": 20})
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1, warnings
+    assert "checkpoint 300 cannot be read" in warnings[0]
+    assert "resuming from checkpoint 200" in warnings[0]
+    # Set aside, not deleted; the run's checkpoints are the readable ones.
+    assert os.listdir(os.path.join(run_dir, CORRUPT_SUBDIR)) == ["300"]
+    assert _steps(run_dir) == [100, 200]
+    # One half-written (a directory emptied by a crash) is set aside beside the first.
+    for name in os.listdir(os.path.join(run_dir, "checkpoints", "200")):
+        path = os.path.join(run_dir, "checkpoints", "200", name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+    assert latest_checkpoint(run_dir)[0] == 100
+    assert sorted(os.listdir(os.path.join(run_dir, CORRUPT_SUBDIR))) == ["200", "300"]
+
+
+@pytest.mark.slow
+def test_run_py_resumes_past_an_unreadable_newest_checkpoint(tmp_path):
+    run_dir = str(tmp_path / "run")
+    out = subprocess.run(RUN + BASE + ["--stop_at_return=none", "--total_env_steps=30000",
+                                       f"--logdir={run_dir}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    steps = _steps(run_dir)
+    assert len(steps) >= 2, steps
+    _corrupt(os.path.join(run_dir, "checkpoints", str(steps[-1])))
+    out = subprocess.run(RUN + [f"--resume={run_dir}", f"--total_env_steps={steps[-1] + 2000}",
+                                "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "warning: checkpoint" in line]
+    assert len(warnings) == 1 and f"checkpoint {steps[-1]} cannot be read" in warnings[0], (
+        out.stderr)
+    s = _summary(run_dir)
+    assert s["resumed_from_env_steps"] == steps[-2] and s["env_steps"] >= steps[-1] + 2000
+
+
+def test_no_readable_checkpoint_is_one_error(tmp_path):
+    directory = tmp_path / "checkpoints" / "100"
+    directory.mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="no readable checkpoint in .*checkpoints"):
+        latest_checkpoint(str(tmp_path))
+
+
+def _learner_pid(launcher):
+    """The learner node's process: local_mp names each node's process by its label."""
+    for pid in processes.descendants(launcher):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "learner":
+                    return pid
+        except OSError:
+            pass  # Ended meanwhile.
+    return None
+
+
+@pytest.mark.slow
+def test_a_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_target(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = _start(["--max_learner_restarts=1", "--stop_at_return=150",
+                   "--total_env_steps=1000000", f"--logdir={run_dir}"])
+    try:
+        _wait_for(lambda: _steps(run_dir) and _steps(run_dir)[-1] > 0, proc, 180,
+                  "checkpointing")
+        killed = _learner_pid(proc.pid)
+        assert killed is not None
+        workers_before = {pid for pid in processes.descendants(proc.pid)
+                          if _comm(pid).startswith("actor")}
+        os.kill(killed, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=400)
+    finally:
+        _finish(proc, 10)
+    assert proc.returncode == 0, stderr
+    s = _summary(run_dir)
+    assert s["stopped_by"] == "return_target" and s["mean_return"] >= 150, s
+    assert s["node_restarts"].get("learner") == 1, s
+    # The env workers went on in the same processes, reconnected to the new learner.
+    assert not any(label.startswith("actor") for label in s["node_restarts"]), (
+        s["node_restarts"], stderr)
+    assert "connecting again" in stderr and workers_before
+
+
+def _comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
