@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.struct
@@ -39,8 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trellis.envs.jax_multi_agent import EnvState, MultiAgentJaxEnv, MultiAgentPolicy
+from trellis.envs.jax_multi_agent import EnvState, MultiAgentJaxEnv
 from trellis.envs.multi_agent import MultiAgentStep
+
+# A policy on a batch of observations (launch/loaded_policy.py's `Act`, as `trellis.load` gives).
+GreedyAct = Callable[[Any, jax.Array, Mapping[str, jax.Array], Any, jax.Array],
+                     tuple[Mapping[str, jax.Array], Any]]
 
 ORDER_SIZES = (0.0, 2.0, 4.0, 6.0, 8.0)  # Units ordered by each of the 5 actions.
 OBS_SIZE = 8
@@ -150,16 +155,17 @@ def make(**kwargs: Any) -> Warehouses:
     return Warehouses(**kwargs)
 
 
-def record_episode(env: MultiAgentJaxEnv, policy: MultiAgentPolicy, params: Any,
+def record_episode(env: MultiAgentJaxEnv, act: GreedyAct, params: Any,
                    key: jax.Array) -> dict[str, np.ndarray]:
     """One episode of a trained policy in `env`, for plots: {"stock", "order", "received",
     "demand", "reward"}, each [max_steps, W] (host arrays).
 
     Args:
       env: a `jax_multi_agent.MultiAgentJaxEnv` of `Warehouses` (`JaxMARLFactory.make()`).
-      policy: the agent's policy (builders.contract.agent.Policy) on a batch of one env, e.g.
-        its greedy one (`builder.make_policy(networks, evaluation=True)`).
-      params: the policy's params.
+      act: the policy on a batch of observations, `act(params, key, {agent: obs [N, ...]},
+        state, first [N]) -> ({agent: actions [N]}, state)`: a loaded run's
+        (`trellis.load(run_dir).greedy`).
+      params: the policy's params (`trellis.load(run_dir).params`).
       key: for the env and the policy.
     """
     warehouses: Warehouses = env.env
@@ -169,8 +175,8 @@ def record_episode(env: MultiAgentJaxEnv, policy: MultiAgentPolicy, params: Any,
              ) -> tuple[tuple[EnvState, MultiAgentStep], dict[str, jax.Array]]:
         state, step = carry
         act_key, env_key = jax.random.split(key)
-        batched = jax.tree.map(lambda x: x[None], step)
-        actions, _, _ = policy(params, act_key, batched, {}, batched.first)
+        actions, _ = act(params, act_key, {a: step.obs[a][None] for a in agents}, {},
+                         step.first[None])
         actions = {a: actions[a][0] for a in agents}
         orders = jnp.asarray(ORDER_SIZES)[jnp.stack([actions[a] for a in agents])]
         state, step = env.step(env_key, state, actions)
