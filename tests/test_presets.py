@@ -65,7 +65,7 @@ def test_the_doc_tables_every_preset_setting_with_its_source():
              for s, (_, source) in values.items()}
     assert table == rows
     assert {p for p, _ in documented()} == {"atari", "mujoco", "minatar"}
-    assert {a for p, a in documented() if p == "mujoco"} == {"sac", "td3", "d4pg", "ppo"}
+    assert {a for p, a in documented() if p == "mujoco"} == {"sac", "td3", "d4pg", "mpo", "ppo"}
     assert all(source.strip() for source in rows.values())
 
 
@@ -148,7 +148,7 @@ def test_an_unknown_preset_is_one_line():
 
 
 
-@pytest.mark.parametrize("agent", ["sac", "td3", "d4pg"])
+@pytest.mark.parametrize("agent", ["sac", "td3", "d4pg", "mpo"])
 def test_mujoco_agents_evaluate_greedily_as_the_references(agent):
     """The evaluation policy (the evaluator's, evaluate.py's) acts the same under any key (the
     references' deterministic evaluation); the acting one explores."""

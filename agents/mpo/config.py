@@ -58,6 +58,8 @@ class MPOConfig(ActorCriticConfig):
 # networks here: the critic's are 512, 512, 256 there) and a plain Q critic (Acme's default is
 # a mixture of Gaussians). samples_per_insert 32 over batches of 256 is 1/8 of an update per
 # env step: the replay ratio 0.125.
+_ACME_NETWORKS = ("Acme acme/agents/jax/mpo/networks.py make_control_networks: the policy's "
+                  "layers (its critic's are 512, 512, 256)")
 _TRELLIS = "Trellis: acting in 2 x 4 envs, each learner step's unrolls; no counterpart"
 MUJOCO = Preset(
     source=_ACME,
@@ -82,5 +84,6 @@ MUJOCO = Preset(
         "batch_size": 8,
         "updates_per_step": 8,
     },
-    sources={name: _TRELLIS for name in ("num_actors", "envs_per_actor", "unroll_length",
-                                         "batch_size", "updates_per_step")})
+    sources={"hidden_sizes": _ACME_NETWORKS,
+             **{name: _TRELLIS for name in ("num_actors", "envs_per_actor", "unroll_length",
+                                            "batch_size", "updates_per_step")}})
