@@ -33,7 +33,7 @@ AGENT_FLAGS = {
     "alphazero": ["--platform=anakin", "--env=pgx:tic_tac_toe", "--unroll_length=9",
                   "--batch_size=8", "--num_simulations=2", "--eval_every_updates=0"],
     # Continuous actions: Pendulum (classic control, in the base install).
-    **{agent: ["--env=Pendulum-v1"] for agent in ("d4pg", "ddpg", "sac", "td3")},
+    **{agent: ["--env=Pendulum-v1"] for agent in ("d4pg", "ddpg", "mpo", "sac", "td3")},
     # Multi-agent: the JAX warehouses example (needs no extra), on anakin.
     **{agent: ["--platform=anakin", "--env=warehouses", "--unroll_length=8", "--batch_size=4",
                "--num_minibatches=2"] for agent in ("ippo", "mappo")},
