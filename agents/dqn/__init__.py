@@ -1,11 +1,13 @@
-"""DQN (Mnih et al., 2015) with double Q-learning, a dueling head, n-step returns and
-prioritized replay; Ape-X (Horgan et al., 2018) as a config. SEED-style central inference."""
+"""DQN (Mnih et al., 2015) with Rainbow's parts as settings (double Q-learning, prioritized
+replay, a dueling head, n-step returns, C51, noisy nets); Rainbow (Hessel et al., 2018) and
+Ape-X (Horgan et al., 2018) as configs. SEED-style central inference."""
 
 from trellis.agents.dqn.builder import DQNBuilder
-from trellis.agents.dqn.config import DQNConfig
+from trellis.agents.dqn.config import DQN_MINATAR, DQNConfig, RainbowConfig
 
-# The names agents/registry.py looks up.
+# The names agents/registry.py looks up (PRESETS: run.py's --preset, docs/presets.md).
 Builder = DQNBuilder
 Config = DQNConfig
+PRESETS = {"minatar": DQN_MINATAR}
 
-__all__ = ["Builder", "Config", "DQNBuilder", "DQNConfig"]
+__all__ = ["PRESETS", "Builder", "Config", "DQNBuilder", "DQNConfig", "RainbowConfig"]

@@ -1,4 +1,4 @@
-"""DQN builder: the one place that wires networks, policy, learner and queue spec."""
+"""DQN/Rainbow builder: the one place that wires networks, policy, learner and queue spec."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from trellis.envs.specs import EnvSpec
 
 
 class DQNBuilder(AgentBuilder[EnvSpec]):
-    """Builder for DQN and Ape-X; acting is SEED-style through the central inference server.
+    """Builder for DQN, Rainbow and Ape-X; acting is SEED-style through the central inference
+    server.
 
     Inference records plain unrolls (no extras: Q-learning needs only what was seen and
     done); the learner turns them into n-step transitions in its prioritized table (see
@@ -26,12 +27,14 @@ class DQNBuilder(AgentBuilder[EnvSpec]):
     config: DQNConfig
 
     def make_networks(self, spec: EnvSpec) -> DQNNetworks:
-        return make_networks(spec, self.config.hidden_sizes)
+        return make_networks(spec, self.config)
 
     def make_policy(self, networks: DQNNetworks, evaluation: bool = False) -> Policy:
         """`policy(params, key, obs[N, ...], state, first) -> (actions[N], {}, state)`,
-        feed-forward (the state stays {}): greedy when evaluating,
-        otherwise epsilon-greedy with each row's epsilon from the config's ladder.
+        feed-forward (the state stays {}): greedy when evaluating (noisy nets: on the mean
+        weights), otherwise epsilon-greedy with each row's epsilon from the config's ladder
+        (noisy nets: greedy on weights with fresh noise, one sample per call, and epsilon
+        on top where the config's is above 0).
 
         Row r gets ladder entry r mod num_epsilons. The inference server lays out each
         worker's K envs in consecutive rows starting at a multiple of K
@@ -45,7 +48,9 @@ class DQNBuilder(AgentBuilder[EnvSpec]):
         def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
                    first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             del first  # Feed-forward: nothing to reset.
-            q_values = networks.apply(params["q"], obs)  # [N, A]
+            noise_key, key = jax.random.split(key)
+            noise = noise_key if c.noisy and not evaluation else None
+            q_values = networks.q_values(params["q"], obs, noise)  # [N, A]
             greedy = jnp.argmax(q_values, axis=-1).astype(jnp.int32)
             if evaluation:
                 return greedy, {}, state
@@ -66,7 +71,10 @@ class DQNBuilder(AgentBuilder[EnvSpec]):
         return Capabilities(REPLAY)
 
     def replay_selector(self) -> rt.Selector:
-        """By priority (Schaul et al., 2016): P(i) ~ p_i^priority_exponent."""
+        """By priority (Schaul et al., 2016): P(i) ~ p_i^priority_exponent; uniform when the
+        exponent is 0 (the same distribution, without the sum tree's upkeep)."""
+        if self.config.priority_exponent == 0:
+            return rt.Uniform()
         return rt.Prioritized(self.config.priority_exponent)
 
     def make_training(self, networks: DQNNetworks, spec: EnvSpec) -> Training:
