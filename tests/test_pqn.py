@@ -1,12 +1,15 @@
 """PQN: Q(lambda) targets against a float64 numpy recursion and a hand value, the loss and
-epsilon's schedule against hand values, learning gymnax CartPole on anakin well above random,
+epsilon's schedule against hand values, the MinAtar torso's patch convolution against flax's,
+learning gymnax CartPole on anakin well above random,
 a resumed anakin run equal to an uninterrupted one, the host platforms, and (slow) MinAtar
 Breakout to IMPALA's 17."""
 
 from __future__ import annotations
 
+import functools
 import json
 
+import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +20,7 @@ pytest.importorskip("gymnax", reason="gymnax is an optional extra (pip install -
 from trellis.agents.pqn import PQNBuilder, PQNConfig  # noqa: E402
 from trellis.agents.pqn.learner import acting_params, make_training  # noqa: E402
 from trellis.agents.pqn.losses import linear_epsilon, q_lambda_targets, q_loss  # noqa: E402
+from trellis.agents.pqn.networks import PatchConv  # noqa: E402
 from trellis.builders.contract.config import ConfigError  # noqa: E402
 from trellis.builders.experiments.anakin_run import restore_member  # noqa: E402
 from trellis.envs.specs import EnvSpec  # noqa: E402
@@ -100,6 +104,21 @@ def test_loss_is_half_the_masked_mean_squared_td_error():
     grads = jax.grad(q_loss)(q_values, jnp.array([1, 0, 1]), jnp.array([4.0, 0.0, 100.0]),
                              jnp.array([1.0, 1.0, 0.0]))
     np.testing.assert_allclose(grads, [[0, -1.0], [1.5, 0], [0, 0]])
+
+
+def test_the_patch_conv_is_flaxs_unpadded_conv_with_its_params():
+    """The MinAtar torso's convolution as one dot over patches: nn.Conv's params and values,
+    gradients included."""
+    x = jax.random.normal(jax.random.key(1), (5, 10, 7, 4))
+    conv = flax.linen.Conv(16, (3, 3), padding="VALID")
+    params = PatchConv(16).init(jax.random.key(0), x)
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+        jnp.shape, conv.init(jax.random.key(0), x))
+    np.testing.assert_allclose(PatchConv(16).apply(params, x), conv.apply(params, x),
+                               atol=1e-5)
+    grad, reference = (jax.grad(lambda p, f=f: jnp.sum(jnp.sin(f(p, x))))(params)
+                       for f in (PatchConv(16).apply, conv.apply))
+    jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-4), grad, reference)
 
 
 def test_epsilon_falls_linearly_then_stays():

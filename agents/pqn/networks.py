@@ -29,6 +29,29 @@ class LayerNormMLP(nn.Module):
         return x
 
 
+class PatchConv(nn.Module):
+    """An unpadded, stride-1 convolution computed as one matrix product over the image's
+    patches (im2col), with `nn.Conv`'s params (`kernel` [k, k, C, F], `bias` [F]) and its
+    output. Why: XLA's CPU backend runs a convolution's passes inside the update's loop over
+    minibatches several times slower than the same arithmetic as a dot, which made the conv
+    half of PQN's update time on MinAtar (docs/benchmarks.md, 2026-11-29)."""
+
+    features: int
+    kernel_size: int = 3
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [N, H, W, C] -> [N, H-k+1, W-k+1, F]
+        k, channels = self.kernel_size, x.shape[-1]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                            (k, k, channels, self.features))
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        height, width = x.shape[1] - k + 1, x.shape[2] - k + 1
+        # The patch's (row, column, channel) order is the kernel's, so it flattens alike.
+        patches = jnp.concatenate([x[:, i:i + height, j:j + width]
+                                   for i in range(k) for j in range(k)], axis=-1)
+        return patches @ kernel.reshape(k * k * channels, self.features) + bias
+
+
 class LayerNormMinAtarTorso(nn.Module):
     """The MinAtar paper's body (Young & Tian, 2019: one unpadded 3x3 conv of 16 channels,
     then 128 units) with a layer norm after each of its two layers, as PQN's MinAtar network
@@ -41,7 +64,7 @@ class LayerNormMinAtarTorso(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., H, W, C] -> [..., hidden]
         batch_shape = x.shape[:-3]
         x = x.reshape((-1,) + x.shape[-3:]).astype(jnp.float32)
-        x = nn.relu(nn.LayerNorm()(nn.Conv(16, (3, 3), padding="VALID")(x)))
+        x = nn.relu(nn.LayerNorm()(PatchConv(16)(x)))
         x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden_size)(x.reshape((x.shape[0], -1)))))
         return x.reshape(batch_shape + (self.hidden_size,))
 
