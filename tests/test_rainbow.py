@@ -253,9 +253,11 @@ def test_a_restored_learner_state_is_exact_and_updates_as_the_original(tmp_path)
     np.testing.assert_array_equal(m1["priorities"], m2["priorities"])
 
 
+# 80k env steps: one run on the loaded 2-core machine (load 15-30) went 21 at 42k, 232 at 57k,
+# 336 at 66k, then dipped to 110-124 by 146k, as DQN's curves do.
 def test_rainbow_learns_cartpole_on_local_mt(tmp_path):
-    out = run(["--agent=rainbow", "--platform=local_mt", "--total_env_steps=60000",
-               "--stop_at_return=none", "--eval_every=0", f"--logdir={tmp_path}"], timeout=300)
+    out = run(["--agent=rainbow", "--platform=local_mt", "--total_env_steps=80000",
+               "--stop_at_return=none", "--eval_every=0", f"--logdir={tmp_path}"], timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     s = summary(tmp_path)
     assert s["learner_steps"] > 0 and s["episodes"] > 100
