@@ -262,9 +262,13 @@ def test_mpo_learns_pendulum_quickly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("platform", ["local_mt", "local_mp"])
-def test_mpo_solves_pendulum(platform, tmp_path):
-    out = run(["--agent=mpo", f"--platform={platform}", "--env=Pendulum-v1",
+@pytest.mark.parametrize("platform, env", [("local_mt", "Pendulum-v1"),
+                                           ("local_mp", "Pendulum-v1"),
+                                           ("anakin", "gymnax:Pendulum-v1")])
+def test_mpo_solves_pendulum(platform, env, tmp_path):
+    if platform == "anakin":
+        pytest.importorskip("gymnax")
+    out = run(["--agent=mpo", f"--platform={platform}", f"--env={env}",
                "--stop_at_return=-200", "--total_env_steps=500000", f"--logdir={tmp_path}"],
               timeout=600)
     assert out.returncode == 0, out.stderr
