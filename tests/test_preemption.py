@@ -245,3 +245,61 @@ def _comm(pid):
             return f.read().strip()
     except OSError:
         return ""
+
+
+# Run in a fresh Python, as tests/test_ray.py's cluster scripts: a local cluster of three Ray
+# nodes (ray.cluster_utils), the "learner" on the head (its custom resource), two env workers
+# on the other two; one of those is removed (its raylet and workers SIGKILLed, as a machine
+# lost) once the program runs.
+LOST_NODE_SCRIPT = """
+import faulthandler, json, time
+faulthandler.dump_traceback_later(400, exit=True)
+import ray
+from ray.cluster_utils import Cluster
+from trellis.launch import runtime
+from tests import launch_nodes as nodes
+
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 1, "resources": {"learner": 1}, "include_dashboard": False})
+workers = [cluster.add_node(num_cpus=2) for _ in range(2)]
+cluster.wait_for_nodes(timeout=180)
+ray.init(address=cluster.address)
+program = runtime.Program("lost")
+with program.group("learner", resources={"learner": 1}):
+    learner = program.add_node(runtime.CourierNode(nodes.RayPlacement))
+with program.group("actor", max_restarts=1, resources={"CPU": 1}):
+    actors = [program.add_node(runtime.CourierNode(nodes.RayPlacement)) for _ in range(2)]
+running = runtime.launch(program, platform="ray", block=False, ray_address=cluster.address)
+try:
+    head = learner.dereference().node_id()
+    before = actors[0].dereference().node_id()
+    lost = next(w for w in workers if w.node_id == before)
+    cluster.remove_node(lost, allow_graceful=False)
+    old_address, deadline = actors[0].address, time.monotonic() + 180
+    while actors[0].address == old_address and running.is_running():
+        assert time.monotonic() < deadline, "not placed again"
+        time.sleep(0.2)
+    after = actors[0].dereference().node_id()
+    placed = {"head": head, "before": before, "after": after, "running": running.is_running(),
+              "left": [w.node_id for w in workers if w is not lost],
+              "restarts": running.restarts}
+finally:
+    running.stop()
+ray.shutdown()
+cluster.shutdown()
+print(json.dumps(placed))
+"""
+
+
+@pytest.mark.slow
+def test_env_workers_of_a_lost_ray_node_are_placed_again_on_the_nodes_left():
+    pytest.importorskip("ray")
+    # The nodes bind loopback only: the cluster runs without Ray's auth token (test_ray's).
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", LOST_NODE_SCRIPT], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=500)
+    assert out.returncode == 0, out.stderr[-4000:]
+    placed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert placed["running"] and placed["restarts"] == {"actor/0": 1}, placed
+    assert placed["after"] in placed["left"] and placed["before"] not in placed["left"], placed
+    assert "its Ray node is gone; placed again" in out.stderr

@@ -11,7 +11,9 @@ call runs the node; the launcher long-polls each actor for its `Status` messages
 `run_node` call (the actor's process died) is the node's error.
 
 A restarted node gets a new actor pinned to the same Ray node and port, so its clients' address
-stays valid. Ray is imported only when this platform is used.
+stays valid; where that Ray node is gone (a machine lost), it is placed again on the nodes left,
+at a new address (env workers, whom no node calls, go on so). Ray is imported only when this
+platform is used.
 
 Stopping kills every actor; the launcher then waits (bounded, then SIGKILL) until the processes
 of the actors on its own host have exited, since Ray's kill only asks.
@@ -45,6 +47,11 @@ _PID_TIMEOUT_S = 2.0  # How long live actors get to tell their pids at shutdown.
 _EXIT_TIMEOUT_S = 10.0  # How long killed actor processes on this host get to exit.
 # How long nodes may wait for Ray to find them room (machines an autoscaler adds meanwhile count).
 _PLACE_TIMEOUT_S = 300.0
+# A Ray node whose raylet takes no connection within this is gone (`Backend._ray_node_up`).
+# Ray's GCS says so only once its health checks have missed (seconds after a machine's loss):
+# a restart waits up to _DEAD_TIMEOUT_S for that, lest Ray place the new actor there.
+_PROBE_TIMEOUT_S = 2.0
+_DEAD_TIMEOUT_S = 60.0
 _PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # A local instance of our own starts no idle workers: by default its raylet starts one per CPU,
 # and ray.init waits for them, yet none can host a node (their runtime_env lacks the nodes' env
@@ -124,6 +131,7 @@ class Backend:
         self._actors: dict[str, _Actor] = {}
         self._payloads: dict[str, bytes] = {}
         self._stopping = False
+        self._secret = b""
 
     def start(self) -> None:
         try:
@@ -150,7 +158,7 @@ class Backend:
         # (Ray's annotations of `remote` leave out the actor option max_concurrency.)
         self._remote_class = ray.remote(  # type: ignore[call-overload]
             max_concurrency=_NODE_ACTOR_CONCURRENCY)(_NodeActor)
-        secret = os.urandom(_SECRET_BYTES)
+        self._secret = secret = os.urandom(_SECRET_BYTES)
         nodes = self._program.nodes
         several = sum(n["Alive"] for n in ray.nodes()) > 1
         places = {}
@@ -206,10 +214,43 @@ class Backend:
         old = self._actors[label]
         self._ray.kill(old.handle, no_restart=True)
         node = next(n for n in self._program.nodes if n.label == label)
-        # Same Ray node, same port: the clients other nodes hold stay valid.
-        self._actors[label] = _Actor(label, self._new_actor(node, old.ray_node_id),
-                                     old.ray_node_id)
+        if self._ray_node_up(old.ray_node_id):
+            # Same Ray node, same port: the clients other nodes hold stay valid.
+            self._actors[label] = _Actor(label, self._new_actor(node, old.ray_node_id),
+                                         old.ray_node_id)
+        else:
+            # Its Ray node is gone (a machine lost or preempted): placed again wherever there
+            # is room, at a new address. Env workers, the nodes restarted most, are called by
+            # no other node; a node that serves others cannot be found there.
+            self._await_dead(old.ray_node_id)
+            host, port, ray_node_id = self._place([node])[label]
+            node.address = rpc.TcpAddress(host, port, self._secret) if port is not None else None
+            self._actors[label].ray_node_id = ray_node_id
+            print(f"[launch] node '{label}': its Ray node is gone; placed again on {host} "
+                  f"(Ray node {ray_node_id[:8]})", file=sys.stderr, flush=True)
         self._run(node, restarts)
+
+    def _ray_node_up(self, ray_node_id: str) -> bool:
+        """Whether a Ray node is up: Ray's GCS says so and its raylet takes a connection. The
+        GCS marks a lost machine dead only after missed heartbeats (15 s and more), while its
+        actors' deaths are known at once."""
+        for info in self._ray.nodes():
+            if info["NodeID"] == ray_node_id and info["Alive"]:
+                address = (info["NodeManagerAddress"], info["NodeManagerPort"])
+                try:
+                    with socket.create_connection(address, timeout=_PROBE_TIMEOUT_S):
+                        return True
+                except OSError:
+                    return False
+        return False
+
+    def _await_dead(self, ray_node_id: str) -> None:
+        """Waits (up to _DEAD_TIMEOUT_S) until Ray's GCS too holds a lost node dead: until
+        then it may place the new actor there."""
+        deadline = time.monotonic() + _DEAD_TIMEOUT_S
+        while time.monotonic() < deadline and any(
+                info["NodeID"] == ray_node_id and info["Alive"] for info in self._ray.nodes()):
+            time.sleep(0.5)
 
     def poll(self, timeout_s: float) -> list[Status]:
         ray = self._ray
@@ -333,7 +374,7 @@ def _exited(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # (The latter: it ended as it was read.)
         return True
 
 
