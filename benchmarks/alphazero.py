@@ -1,13 +1,15 @@
-"""AlphaZero on a pgx game: trains for M minutes from launch, then plays each baseline.
+"""Self-play agents (AlphaZero, MuZero) on a pgx game: M minutes of training, then baselines.
 
-Usage: python benchmarks/alphazero.py --game=GAME --minutes=M [--games=100] [--seed=0]
+Usage: python benchmarks/alphazero.py [--agent=alphazero|muzero] --game=GAME --minutes=M
+       [--games=100] [--seed=0]
        [--baselines=random,mcts,minimax] [--keep_run=DIR] [run.py's flags for the agent,
        e.g. --search_policy=gumbel --num_simulations=32]
 
-`launch/run.py --agent=alphazero --platform=anakin --env=pgx:GAME` is started as a user starts
-it and stopped with Ctrl-C (SIGINT: a final checkpoint) M minutes after its launch, imports and
-compilation included (or at its first metrics record, if its start-up took longer), or ends
-first at its env-step budget where `--total_env_steps` gives one it reaches; the
+`launch/run.py --agent=AGENT --platform=anakin --env=pgx:GAME` is started as a user starts
+it (the game's preset applying: agents/alphazero/config.py) and stopped with Ctrl-C (SIGINT: a
+final checkpoint) M minutes after its launch, imports and compilation included (or at its
+first metrics record, if its start-up took longer), or ends first at its env-step budget where
+`--total_env_steps` or the preset gives one it reaches (tic-tac-toe's: 1.5M moves); the
 checkpoint's search then plays `--games` games against each baseline of
 agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations, minimax on
 tic-tac-toe), half of them moving first; against minimax it also follows every line of
@@ -32,9 +34,10 @@ from common import child_process
 
 from trellis.agents.alphazero import AlphaZeroBuilder
 from trellis.agents.alphazero.baselines import minimax_lines
+from trellis.agents.muzero import MuZeroBuilder
 from trellis.builders.experiments.rundir import read_json
 from trellis.builders.experiments.self_play_run import outcome_rates, restore_params
-from trellis.launch.flags import load_run
+from trellis.launch.flags import load_run, parse, preset_settings
 
 SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.1", "--games=2", "--baselines=random",
                "--unroll_length=9", "--batch_size=8", "--num_simulations=2",
@@ -43,13 +46,15 @@ RUN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
                       "run.py")
 
 
-def train(game: str, minutes: float, run_dir: str, flags: list[str]) -> dict:
+def train(agent: str, game: str, minutes: float, run_dir: str, flags: list[str]) -> dict:
     """run.py until its budget or for `minutes` from its launch, then SIGINT; its
     summary.json."""
-    # No budget but the time unless `flags` give one: the last of a flag counts.
-    command = [sys.executable, RUN_PY, "--agent=alphazero", "--platform=anakin",
-               f"--env=pgx:{game}", f"--logdir={run_dir}", "--quiet",
-               "--total_env_steps=1000000000", *flags]
+    run = [f"--agent={agent}", "--platform=anakin", f"--env=pgx:{game}"]
+    # No budget but the time unless the game's preset or `flags` give one (the last of a flag
+    # counts); a bad flag fails here, before anything starts.
+    preset = preset_settings(agent, parse([*run, *flags]).options.preset)
+    budget = [] if "total_env_steps" in preset else ["--total_env_steps=1000000000"]
+    command = [sys.executable, RUN_PY, *run, f"--logdir={run_dir}", "--quiet", *budget, *flags]
     launched = time.monotonic()
     metrics = os.path.join(run_dir, "metrics.jsonl")
     # Stopped with its group if this benchmark is interrupted or terminated first.
@@ -73,6 +78,8 @@ def train(game: str, minutes: float, run_dir: str, flags: list[str]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agent", default="alphazero", choices=("alphazero", "muzero"),
+                   help="the self-play agent (muzero: its search plans with a learned model)")
     p.add_argument("--game", default="tic_tac_toe", help="a pgx two-player game id")
     p.add_argument("--minutes", type=float, default=10.0, help="training time from launch")
     p.add_argument("--games", type=int, default=100, help="games against each baseline")
@@ -83,10 +90,10 @@ def main() -> None:
     args, flags = p.parse_known_args()
     with tempfile.TemporaryDirectory() as runs:
         run_dir = args.keep_run or os.path.join(runs, "run")
-        summary = train(args.game, args.minutes, run_dir, flags)
+        summary = train(args.agent, args.game, args.minutes, run_dir, flags)
         settings = load_run(run_dir)
         builder, env_factory = settings.build()
-        assert isinstance(builder, AlphaZeroBuilder)
+        assert isinstance(builder, AlphaZeroBuilder | MuZeroBuilder)
         program, params, step, _ = restore_params(builder, env_factory,
                                                   settings.experiment.seed, run_dir)
     baselines = (args.baselines.split(",") if args.baselines else

@@ -31,7 +31,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "presets.md")
 # An env of each family with presets, and the package it needs.
 FAMILY_ENVS = {"atari": ("envpool:Pong-v5", "envpool"), "mujoco": ("HalfCheetah-v5", "mujoco"),
-               "minatar": ("minatar:Breakout", "minatar")}
+               "minatar": ("minatar:Breakout", "minatar"),
+               "tic_tac_toe": ("pgx:tic_tac_toe", "pgx"),
+               "connect_four": ("pgx:connect_four", "pgx")}
 
 
 def documented() -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
@@ -64,7 +66,8 @@ def test_the_doc_tables_every_preset_setting_with_its_source():
     table = {(p, a, s): source for (p, a), values in documented().items()
              for s, (_, source) in values.items()}
     assert table == rows
-    assert {p for p, _ in documented()} == {"atari", "mujoco", "minatar"}
+    assert {p for p, _ in documented()} == {"atari", "mujoco", "minatar", "tic_tac_toe",
+                                            "connect_four"}
     assert {a for p, a in documented() if p == "mujoco"} == {"sac", "td3", "d4pg", "mpo", "ppo"}
     assert all(source.strip() for source in rows.values())
 
@@ -74,7 +77,9 @@ def test_the_env_family_picks_the_preset_and_it_resolves_to_the_documented_setti
         preset, agent):
     env, package = FAMILY_ENVS[preset]
     pytest.importorskip(package)
-    run = flags.parse([f"--agent={agent}", f"--env={env}"])
+    # pgx's games are JAX programs: anakin only.
+    platform = ["--platform=anakin"] if env.startswith("pgx:") else []
+    run = flags.parse([f"--agent={agent}", f"--env={env}", *platform])
     assert run.options.preset == preset
     assert run.saved_options()["preset"] == preset  # What config.json records.
     for name, (text, _) in documented()[(preset, agent)].items():
@@ -87,6 +92,8 @@ def test_the_env_family_picks_the_preset_and_it_resolves_to_the_documented_setti
     ("CartPole-v1", "classic"), ("Pendulum-v1", "classic"), ("gymnax:CartPole-v1", "classic"),
     ("minatar:Breakout", "minatar"), ("gymnax:Breakout-MinAtar", "minatar"),
     ("sleep:5", None), ("LunarLander-v3", None), ("NoSuchEnv-v0", None),
+    ("pgx:tic_tac_toe", "tic_tac_toe"), ("pgx:connect_four", "connect_four"),
+    ("pgx:othello", None),
 ])
 def test_env_family(env, family):
     assert env_family(env) == family
@@ -143,8 +150,8 @@ def test_run_py_lists_the_presets():
 def test_an_unknown_preset_is_one_line():
     with pytest.raises(flags.UsageError) as raised:
         flags.parse(["--preset=dmc"])
-    assert str(raised.value) == ("--preset must be one of auto, atari, mujoco, minatar, classic "
-                                 "or none, got 'dmc'")
+    assert str(raised.value) == ("--preset must be one of auto, atari, mujoco, minatar, classic, "
+                                 "tic_tac_toe, connect_four or none, got 'dmc'")
 
 
 

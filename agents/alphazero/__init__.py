@@ -1,11 +1,17 @@
 """AlphaZero (Silver et al., 2018) with mctx's search on pgx's two-player games."""
 
-from trellis.agents.alphazero.config import PLATFORM_DEFAULTS, AlphaZeroConfig
+from trellis.agents.alphazero.config import (
+    CONNECT_FOUR,
+    PLATFORM_DEFAULTS,
+    TIC_TAC_TOE,
+    AlphaZeroConfig,
+)
 from trellis.agents.alphazero.extra import SEARCH_PACKAGES, missing_search_extra
 
 # The names agents/registry.py looks up. Without the search extra, Builder is a stand-in that
 # says what to install when built (agents/alphazero/extra.py).
 Config = AlphaZeroConfig
+PRESETS = {"tic_tac_toe": TIC_TAC_TOE, "connect_four": CONNECT_FOUR}
 try:
     from trellis.agents.alphazero.builder import AlphaZeroBuilder
 except ModuleNotFoundError as e:
@@ -15,4 +21,5 @@ except ModuleNotFoundError as e:
 else:
     Builder = AlphaZeroBuilder
 
-__all__ = ["PLATFORM_DEFAULTS", "AlphaZeroBuilder", "AlphaZeroConfig", "Builder", "Config"]
+__all__ = ["PLATFORM_DEFAULTS", "PRESETS", "AlphaZeroBuilder", "AlphaZeroConfig", "Builder",
+           "Config"]

@@ -20,6 +20,7 @@ from trellis.envs import UnknownEnvError, make_env_factory
 from trellis.envs.atari import is_atari_factory
 from trellis.envs.gymnax_envs import PREFIX as GYMNAX_PREFIX
 from trellis.envs.minatar_envs import PREFIX as MINATAR_PREFIX
+from trellis.envs.pgx_envs import PREFIX as PGX_PREFIX
 from trellis.launch.flags.values import AUTO, UsageError, shown
 
 ATARI, CLASSIC = "atari", "classic"
@@ -31,6 +32,9 @@ FAMILIES = {
     "minatar": "minatar:Breakout, gymnax:Breakout-MinAtar (MinAtar's 10 x 10 games)",
     CLASSIC: "CartPole-v1, Pendulum-v1, gymnax:CartPole-v1 (Gymnasium's classic control: every "
              "agent's own defaults, tuned there)",
+    # A pgx game is a family of its own: what a game needs differs from game to game.
+    "tic_tac_toe": "pgx:tic_tac_toe (pgx's tic-tac-toe)",
+    "connect_four": "pgx:connect_four (pgx's connect four)",
 }
 PRESET_NAMES = (AUTO, *FAMILIES)
 # Gymnasium's entry-point packages of the families found through its registry.
@@ -56,12 +60,15 @@ def _gymnasium_family(env_id: str) -> str | None:
 def env_family(env: str) -> str | None:
     """The family of env id `env` that has a preset (a key of `FAMILIES`), or None: an Atari
     game (ALE's or envpool's), a MinAtar game (MinAtar's or gymnax's), a Gymnasium MuJoCo or
-    classic control env (gymnax's classic control too). An id that names no env has none (the
-    env's own check says what is wrong)."""
+    classic control env (gymnax's classic control too), a pgx game that has presets (its own
+    family). An id that names no env has none (the env's own check says what is wrong)."""
     if env.startswith(MINATAR_PREFIX) or (env.startswith(GYMNAX_PREFIX) and "MinAtar" in env):
         return "minatar"
     if env.startswith(GYMNAX_PREFIX):
         return _gymnasium_family(env.removeprefix(GYMNAX_PREFIX))
+    if env.startswith(PGX_PREFIX):
+        game = env.removeprefix(PGX_PREFIX)
+        return game if game in FAMILIES else None
     try:
         factory = make_env_factory(env)
     except (UnknownEnvError, ValueError, ImportError):
