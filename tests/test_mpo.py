@@ -252,9 +252,11 @@ def test_help_lists_the_settings():
 
 
 def test_mpo_learns_pendulum_quickly(tmp_path):
+    """Past -700 within 60k env steps (-353 and -387 near there in the runs on record, from
+    about -1,200 for the first episodes)."""
     out = run(["--agent=mpo", "--platform=local_mp", "--env=Pendulum-v1",
                "--total_env_steps=60000", "--stop_at_return=none", "--eval_every=0",
-               f"--logdir={tmp_path}"], timeout=180)
+               f"--logdir={tmp_path}"], timeout=300)  # 177 s under load 31 on 2 cores.
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path)
     assert s["learner_steps"] > 0 and s["episodes"] >= 100
