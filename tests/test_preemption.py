@@ -303,3 +303,51 @@ def test_env_workers_of_a_lost_ray_node_are_placed_again_on_the_nodes_left():
     assert placed["running"] and placed["restarts"] == {"actor/0": 1}, placed
     assert placed["after"] in placed["left"] and placed["before"] not in placed["left"], placed
     assert "its Ray node is gone; placed again" in out.stderr
+
+
+# The same loss under run.py: the head has the cluster's only GPU (a logical one), so the
+# learner group (which asks for an accelerator) lands there; the env workers on the two
+# others. Once the run trains, a node holding an env worker is removed.
+LOST_NODE_RUN_SCRIPT = """
+import faulthandler, json, os, subprocess, sys, time
+faulthandler.dump_traceback_later(560, exit=True)
+import ray
+from ray._private.state import available_resources_per_node
+from ray.cluster_utils import Cluster
+
+run_dir = sys.argv[1]
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
+workers = [cluster.add_node(num_cpus=2) for _ in range(2)]
+cluster.wait_for_nodes(timeout=180)
+ray.init(address=cluster.address)
+run = subprocess.Popen([sys.executable, "launch/run.py", "--platform=ray",
+                        f"--ray_address={cluster.address}", "--stop_at_return=100",
+                        "--total_env_steps=1000000", f"--logdir={run_dir}", "--quiet"])
+metrics, deadline = os.path.join(run_dir, "metrics.jsonl"), time.monotonic() + 240
+while not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+    assert run.poll() is None and time.monotonic() < deadline, "not training"
+    time.sleep(0.5)
+free = available_resources_per_node()
+lost = next(w for w in workers if free.get(w.node_id, {}).get("CPU", 2) < 2)
+cluster.remove_node(lost, allow_graceful=False)
+code = run.wait(timeout=400)
+ray.shutdown()
+cluster.shutdown()
+print(json.dumps({"code": code}))
+"""
+
+
+@pytest.mark.slow
+def test_a_run_loses_a_ray_node_and_reaches_its_target(tmp_path):
+    pytest.importorskip("ray")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=REPO)
+    run_dir = str(tmp_path / "run")
+    out = subprocess.run([sys.executable, "-c", LOST_NODE_RUN_SCRIPT, run_dir], env=env,
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 0}, out.stderr[-4000:]
+    s = _summary(run_dir)
+    assert s["stopped_by"] == "return_target" and s["mean_return"] >= 100, s
+    assert any(label.startswith("actor") for label in s["node_restarts"]), s
+    assert "its Ray node is gone; placed again" in out.stderr
