@@ -13,6 +13,7 @@ import pytest
 from trellis import reverb_tables as rt
 from trellis.builders.contract.agent import ArraySpec
 from trellis.builders.experiments.unroll_queue import (
+    UNROLL_VERSIONS,
     LocalUnrollQueue,
     TableUnrollQueue,
     unroll_table_spec,
@@ -23,8 +24,10 @@ SPECS = {"obs": ArraySpec((4,), "float32"), "action": ArraySpec((), "int32")}
 
 
 def unroll(i: int) -> dict[str, np.ndarray]:
+    """An unroll as `UnrollFeed` queues it, with the versions that acted."""
     return {"obs": np.full((T + 1, K, 4), i, np.float32),
-            "action": np.full((T + 1, K), i, np.int32)}
+            "action": np.full((T + 1, K), i, np.int32),
+            UNROLL_VERSIONS: np.full(T + 1, i, np.int64)}
 
 
 @pytest.fixture(params=["local", "table"])

@@ -24,6 +24,7 @@ from trellis.builders.contract.agent import (
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.inference import agent_step_specs
 from trellis.builders.experiments.unroll_queue import (
+    UNROLL_VERSIONS,
     LocalUnrollQueue,
     TableUnrollQueue,
     unroll_signature,
@@ -185,8 +186,8 @@ class UnrollFeed:
     over many updates, and its last unrolls with that many updates of lag.
 
     Each batch carries `POLICY_VERSION` [T + 1, B] besides the unrolls' fields. The versions
-    wait beside the queue, not in it (a replay node's table holds the unroll's fields only):
-    both queues are FIFO and this feed is their only writer, so they come out in step.
+    travel in the queue with each unroll (`UNROLL_VERSIONS`), so that the feeds of several
+    learner processes may take their shares of one replay node's table.
 
     Args:
       unrolls: the queue (`builders.unroll_queue`: in-process, or a replay node's table).
@@ -203,8 +204,9 @@ class UnrollFeed:
         self._batcher = UnrollBatcher(sizes)
         self._stop = stop
         self._max_waiting = max_waiting
-        # Unrolls put and not yet taken, in order; `put` waits on `_room` for fewer.
-        self._versions: collections.deque[np.ndarray] = collections.deque()
+        # Unrolls put and not yet taken; `put` waits on `_room` for fewer. (Where several
+        # feeds take from one table, only the table bounds it: `max_waiting` None.)
+        self._waiting = 0
         self._room = threading.Condition()
         self.backlog = threading.Event()  # Set: a larger size than allowed would be used.
         self._capped = 0  # Batches in a row capped at the largest size allowed.
@@ -224,14 +226,14 @@ class UnrollFeed:
         stop."""
         with self._room:
             while (self._max_waiting is not None and not self._stop.is_set()
-                   and len(self._versions) >= self._max_waiting[self._max_columns]):
+                   and self._waiting >= self._max_waiting[self._max_columns]):
                 self._room.wait(0.1)
-            # First: the learner may take the chunk as soon as it is queued. A chunk a stop
-            # keeps out leaves its versions last, where nothing asks for them.
-            self._versions.append(versions)
+            # First: the learner may take the chunk as soon as it is queued.
+            self._waiting += 1
+        item = {**chunk, UNROLL_VERSIONS: versions}
         # Blocking while the learner is behind bounds policy lag; the stop ends the wait.
         while not self._stop.is_set():
-            if self._unrolls.put(chunk, timeout_s=0.1):
+            if self._unrolls.put(item, timeout_s=0.1):
                 return
 
     def next_batch(self) -> dict[str, np.ndarray] | None:
@@ -255,9 +257,10 @@ class UnrollFeed:
         chunk = self._unrolls.get(timeout_s=timeout_s)
         if chunk is None:
             return False
+        versions = chunk.pop(UNROLL_VERSIONS)
         columns = next(iter(chunk.values())).shape[1]
         with self._room:
-            versions = self._versions.popleft()
+            self._waiting -= 1
             self._room.notify()
         self._batcher.add({**chunk, POLICY_VERSION: np.repeat(versions[:, None], columns, 1)})
         return True

@@ -16,6 +16,10 @@ from trellis.builders.contract.agent import STATE_PREFIX, ArraySpec
 from trellis.reverb_tables import RateLimiterTimeout, TableSpec
 
 UNROLL_TABLE = "unrolls"
+# A queued unroll's field [T + 1]: the version of the params that acted at each step. It
+# travels in the queue with the unroll, so that several learner processes, each taking its
+# share of a replay node's table, know the versions of the unrolls they take.
+UNROLL_VERSIONS = "unroll_versions"
 
 
 class LocalUnrollQueue:
@@ -57,8 +61,10 @@ def unroll_signature(step_specs: Mapping[str, ArraySpec], unroll_length: int,
 
 def unroll_table_spec(step_specs: Mapping[str, ArraySpec], unroll_length: int,
                       envs_per_worker: int, max_unrolls: int) -> TableSpec:
-    """A Queue table of a worker's unrolls [T + 1, K, ...]: FIFO, each item sampled once."""
-    signature = unroll_signature(step_specs, unroll_length, (envs_per_worker,))
+    """A Queue table of a worker's unrolls [T + 1, K, ...] and their `UNROLL_VERSIONS`:
+    FIFO, each item sampled once."""
+    signature = {**unroll_signature(step_specs, unroll_length, (envs_per_worker,)),
+                 UNROLL_VERSIONS: ArraySpec((unroll_length + 1,), "int64")}
     return TableSpec.queue(UNROLL_TABLE, max_unrolls, signature=signature)
 
 
