@@ -81,11 +81,12 @@ def agent_q_values(networks: QMIXNetworks, agent_params: Mapping[str, Params],
 
 
 def team_q(networks: QMIXNetworks, params: Params, step: MultiAgentStep,
-           pick: Callable[[str, jax.Array], jax.Array]) -> jax.Array:
+           pick: Callable[[str, jax.Array], jax.Array],
+           counts: Mapping[str, jax.Array]) -> jax.Array:
     """Q_tot [N] of N envs' `step`: each agent's Q picked by `pick(agent, q [N, A]) -> [N]`
-    (the action taken, or the max), 0 for an agent that does not act, then mixed."""
+    (the action taken, or the max), 0 where `counts[agent]` [N] is False, then mixed."""
     qs = agent_q_values(networks, params["agents"], step)
-    picked = jnp.stack([pick(a, qs[a]) * step.alive[a] for a in networks.agents], axis=-1)
+    picked = jnp.stack([pick(a, qs[a]) * counts[a] for a in networks.agents], axis=-1)
     q_tot: jax.Array = networks.mix(params["mixer"], picked, step.global_state)
     return q_tot
 
@@ -96,7 +97,9 @@ def make_transitions(networks: QMIXNetworks, config: QMIXConfig, params: Params,
 
     The bootstrap values are the team's maximum, max over joint actions of Q_tot(s', .) =
     mix(max_a Q_1, ..., max_a Q_n) (the mixer is monotonic, so each agent's own argmax is the
-    team's), from the learner's params at this batch (on anakin, the params that acted).
+    team's), from the learner's params at this batch (on anakin, the params that acted). An
+    agent counts there while it acts or where its episode was cut by a time limit (truncated:
+    the bootstrap stands for its future, as for one agent); a terminated one counts 0.
 
     Args:
       params: the learner's.
@@ -106,7 +109,9 @@ def make_transitions(networks: QMIXNetworks, config: QMIXConfig, params: Params,
     step: MultiAgentStep = batch["obs"]
     t1, b = step.first.shape
     flat: MultiAgentStep = jax.tree.map(lambda x: x.reshape((t1 * b,) + x.shape[2:]), step)
-    q_next = team_q(networks, params, flat, lambda a, q: jnp.max(q, axis=-1)).reshape((t1, b))
+    counts = {a: flat.alive[a] | flat.truncated[a] for a in networks.agents}
+    q_next = team_q(networks, params, flat, lambda a, q: jnp.max(q, axis=-1), counts
+                    ).reshape((t1, b))
     reward, terminated, truncated = team_step(step, networks.agents)  # [T + 1, B] each
     targets, mask = jax.vmap(
         functools.partial(q_lambda_targets, discount=config.discount, lambda_=config.q_lambda),
@@ -140,8 +145,9 @@ def make_update(
     num_minibatches = config.num_minibatches
 
     def minibatch_loss(params: Params, mb: Mapping[str, Any]) -> tuple[jax.Array, Metrics]:
-        q_tot = team_q(networks, params, mb["step"],
-                       lambda a, q: chosen_q(q, mb["action"][a]))  # [N]
+        step = mb["step"]  # Only the agents that acted count.
+        q_tot = team_q(networks, params, step, lambda a, q: chosen_q(q, mb["action"][a]),
+                       step.alive)  # [N]
         loss = team_q_loss(q_tot, mb["target"], mb["mask"])
         return loss, {"q_tot_mean": jnp.mean(q_tot)}
 
