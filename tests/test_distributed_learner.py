@@ -19,8 +19,8 @@ SCRIPT = """
 import json, sys
 process, processes, port = (int(a) for a in sys.argv[1:4])
 from trellis.builders.experiments import distributed
-if processes > 1:
-    distributed.initialize(f"127.0.0.1:{port}", processes, process)
+group = (distributed.initialize(f"127.0.0.1:{port}", processes, process) if processes > 1
+         else distributed.LearnerGroup())
 import jax
 import numpy as np
 from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
@@ -30,7 +30,6 @@ B, T, UPDATES = 4, 3, 3
 spec = EnvSpec((3,), "float32", 2, (), "int32")
 builder = ImpalaBuilder(ImpalaConfig(hidden_sizes=(8,), batch_size=B, unroll_length=T))
 learner = builder.make_learner(builder.make_networks(spec), spec, jax.random.PRNGKey(0))
-group = distributed.LearnerGroup(processes)
 group.share_state(learner)
 share = slice(process * B // processes, (process + 1) * B // processes)
 for seed in range(UPDATES):

@@ -154,8 +154,14 @@ class DataParallelLearner:
 
     @property
     def state(self) -> Any:
-        """The whole training state (a pytree), this process's copy: what checkpoints save."""
-        return self._local(self._state)
+        """The whole training state (a pytree), this process's copy: what checkpoints save.
+
+        On a mesh across processes, host (numpy) arrays: orbax, saving from one process of
+        several, refuses device arrays that are not global.
+        """
+        if self._processes == 1:
+            return self._state
+        return jax.device_get(self._local(self._state))
 
     def restore(self, state: Any) -> None:
         """Replaces the training state, e.g. with one read from a checkpoint, keeping this

@@ -77,7 +77,14 @@ class Checkpointer:
     def __init__(self, directory: str, max_to_keep: int = 3):
         ocp = _ocp()
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        # This process alone writes and reads, also as process 0 of a learner group
+        # (builders/experiments/distributed.py), where orbax would otherwise wait at barriers
+        # for the other processes, which hold the same state and never checkpoint.
+        alone = ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()})
+        os.makedirs(self.directory, exist_ok=True)  # orbax's `create` refuses `alone`.
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=False,
+                                               multiprocessing_options=alone)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:

@@ -26,18 +26,23 @@ import dataclasses
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from trellis.builders.contract.agent import Learner
+from trellis.builders.contract.agent import UNROLLS, Builder, Learner, QueueSpec
+from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.feeds import Prefetch
 from trellis.builders.experiments.learner_update import LearnerUpdate
 from trellis.launch import runtime
+from trellis.launch.runtime import rpc
 from trellis.launch.runtime.node_context import StopEvent
 
+# The platforms that run each learner process as a node of its own (jax.distributed starts
+# once per process: not local_mt's threads, not anakin's one program).
+GROUP_PLATFORMS = ("local_mp", "ray")
 # Seconds a process waits for the whole group to join (JAX's default, 300, hides a missing
 # process for five minutes).
 JOIN_TIMEOUT_S = 120
@@ -45,10 +50,42 @@ JOIN_TIMEOUT_S = 120
 _HALF = 1 << 30
 
 
-def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
+def group_refusal(builder: Builder[Any], config: ExperimentConfig, platform: str) -> str | None:
+    """Why `builder` cannot run on `platform` with `config.learner_processes` (one line), or
+    None if it can."""
+    n = config.learner_processes
+    if n == 1:
+        return None
+    if platform not in GROUP_PLATFORMS:
+        return (f"--learner_processes={n} runs each learner process as a node of its own: use "
+                f"--platform=local_mp or ray, not {platform}")
+    if not config.learn:
+        return (f"--learner_processes={n} learns in every process; --learn=false acts alone "
+                "(use --learner_processes=1)")
+    name, learns_from = type(builder).__name__, builder.capabilities.learns_from
+    if learns_from != UNROLLS:
+        return (f"--learner_processes={n} splits inference's unrolls between the learner "
+                f"processes; {name} learns from {learns_from} (use --learner_processes=1)")
+    batch_size = builder.queue_spec().batch_size
+    if batch_size % n:
+        return (f"--learner_processes={n} must divide the batch size ({batch_size}): each "
+                f"process takes its share of every batch")
+    return None
+
+
+def process_share(queue_spec: QueueSpec, processes: int) -> QueueSpec:
+    """The queue spec of one learner process of `processes`: its share of every batch."""
+    return dataclasses.replace(queue_spec, batch_size=queue_spec.batch_size // processes)
+
+
+def initialize(coordinator: str, num_processes: int, process_id: int) -> LearnerGroup:
     """Joins this process to the learner group; call before JAX's backend starts.
 
     On CPU, the cross-process collectives are gloo's (XLA's CPU client has none by default).
+    Returns once every process has joined and the group has agreed once: gloo connects the
+    processes at their first collective and gives up if one comes 30 s after another
+    (measured: jax 0.10.2), while later collectives wait for as long as it takes; here they
+    all come within moments of the join.
 
     Args:
       coordinator: "HOST:PORT" of the group's coordination service, served by process 0.
@@ -58,6 +95,9 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator, num_processes, process_id,
                                initialization_timeout=JOIN_TIMEOUT_S)
+    group = LearnerGroup(num_processes)
+    group.agree(ready=True, stopping=False, env_steps=0)
+    return group
 
 
 def coordinator_address(peer_host: str) -> str:
@@ -72,19 +112,18 @@ def coordinator_address(peer_host: str) -> str:
     return f"{host}:{port}"
 
 
-class Joinable(Protocol):
-    """A follower as the coordinator reaches it (its node's RPC client)."""
-
-    def join(self, coordinator: str) -> None: ...
-
-
-def start_group(followers: Sequence[Joinable], peer_host: str) -> None:
-    """The coordinator's start: picks the service's address, hands it to every follower,
-    then joins the group as process 0 (returns once all N have joined)."""
-    address = coordinator_address(peer_host)
+def start_group(followers: Sequence[Any]) -> LearnerGroup:
+    """The coordinator's start: picks the service's address on this host (its interface
+    toward the first follower's), hands it to every follower (their nodes' RPC clients), then
+    joins the group as process 0; returns once all have joined. No followers: a group of one.
+    """
+    if not followers:
+        return LearnerGroup()
+    peer = rpc.address_of(followers[0])
+    address = coordinator_address(peer.host if isinstance(peer, rpc.TcpAddress) else "127.0.0.1")
     for follower in followers:
         follower.join(address)
-    initialize(address, len(followers) + 1, 0)
+    return initialize(address, len(followers) + 1, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,10 +228,9 @@ class LearnerFollower:
             if self._stop.is_set():
                 return
         assert self._coordinator is not None  # Set before `_joined`.
-        initialize(self._coordinator, self._processes, self._process_id)
+        group = initialize(self._coordinator, self._processes, self._process_id)
         parts = self._parts(*self._args, self._stop)
         try:
-            group = LearnerGroup(self._processes)
             group.share_state(parts.update.learner)
             follow(group, parts, self._stop)
         finally:

@@ -22,6 +22,7 @@ import jax
 
 from trellis.builders.experiments.checkpointing import Checkpointer
 from trellis.builders.experiments.counter import Counter, CounterSnapshot
+from trellis.builders.experiments.distributed import LearnerGroup
 from trellis.builders.experiments.feeds import Prefetch
 from trellis.builders.experiments.inference import InferenceServer
 from trellis.builders.experiments.learner_stats import LearnerStats
@@ -54,11 +55,14 @@ class LearnerNode:
       checkpointer: where the learner state and the counter go; None: no checkpoints.
       stop: the program's stop event.
       learn: False: batches are taken and dropped, no update (`ExperimentConfig.learn`).
+      group: the learner's processes (`distributed.LearnerGroup`; this node is its
+        coordinator), which update in step; default: this process alone.
     """
 
     def __init__(self, inference: InferenceServer, batches: Prefetch, update: LearnerUpdate,
                  counter: Counter, stop_rule: StopRule, stats: LearnerStats,
-                 checkpointer: Checkpointer | None, stop: StopEvent, learn: bool = True):
+                 checkpointer: Checkpointer | None, stop: StopEvent, learn: bool = True,
+                 group: LearnerGroup | None = None):
         self._inference = inference
         self._batches = batches
         self._update = update
@@ -68,6 +72,7 @@ class LearnerNode:
         self._checkpointer = checkpointer
         self._stop = stop
         self._learn = learn
+        self._group = group or LearnerGroup()
         # Set by the `checkpoint` RPC (the session's timer), honoured between updates.
         self._checkpoint_due = threading.Event()
 
@@ -139,20 +144,30 @@ class LearnerNode:
                     self._checkpointer.close()
 
     def _train(self) -> str | None:
-        """Learner updates until the stop rule gives its reason, or None if stopped outside."""
-        while not self._stop.is_set():
+        """Learner updates until the stop rule gives its reason, or None if stopped outside.
+
+        Each pass the learner's processes agree (`LearnerGroup.agree`; alone, it agrees with
+        itself): all stop when one stops, all update when all hold their share of a batch.
+        """
+        ready = None  # A batch held while the group's other processes wait for theirs.
+        while True:
             snapshot = self._counter.snapshot()
             self._stats.observe(snapshot)  # Within one loop pass (<= 50 ms when idle).
             reason = self._stop_rule(snapshot)
-            if reason is not None:
+            stopping = reason is not None or self._stop.is_set()
+            if ready is None and not stopping:
+                ready = self._batches.next_batch()
+            turn = self._group.agree(ready is not None, stopping, snapshot.env_steps)
+            if turn.stop:
                 return reason
             if self._checkpoint_due.is_set():
                 self._checkpoint_due.clear()
                 self._save_checkpoint(self._counter.snapshot())
-            ready = self._batches.next_batch()
-            if ready is None or not self._learn:
+            if not turn.go or ready is None:
                 continue
-            batch, versions = ready
+            (batch, versions), ready = ready, None
+            if not self._learn:
+                continue
             # Learner steps change only on this thread: this update is the snapshot's next.
             self._stats.add_lag(versions, snapshot.learner_steps)
             metrics = self._update(batch, versions, snapshot.env_steps)
@@ -161,7 +176,6 @@ class LearnerNode:
             self._update.check_later(metrics, snapshot.learner_steps + 1)
             if self._stats.due():
                 self._stats.log(metrics, self._update.schedule_metrics())
-        return None
 
     def _save_checkpoint(self, snapshot: CounterSnapshot) -> None:
         """Checkpoints the learner state with the counter's `snapshot` (host side only).

@@ -8,6 +8,7 @@ collaborators, it does not build them).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -15,6 +16,12 @@ import jax
 from trellis.builders.contract.agent import Builder, QueueSpec, init_device
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.checkpointing import Checkpoints, open_checkpoints
+from trellis.builders.experiments.distributed import (
+    FollowerParts,
+    LearnerFollower,
+    process_share,
+    start_group,
+)
 from trellis.builders.experiments.env_worker import EnvWorker
 from trellis.builders.experiments.evaluation import Evaluator
 from trellis.builders.experiments.feeds import (
@@ -78,7 +85,7 @@ def make_program(
     replay = None
     spec = env_factory.spec()
     table = agent_table(builder, spec)
-    if table is None and config.unroll_queue == "replay":
+    if table is None and config.unroll_queue == "replay":  # Always with learner processes.
         queue_spec = builder.queue_spec()
         table = unroll_table_spec(agent_step_specs(builder, spec), queue_spec.unroll_length,
                                   config.envs_per_group, max_unrolls(queue_spec, config))
@@ -88,10 +95,19 @@ def make_program(
                 runtime.CourierNode(ReplayNode, [table], config.replay_backend, config.seed))
     # On a cluster (platform "ray") the learner lands where the accelerator is and env
     # workers on CPU machines; other platforms ignore resources.
+    # Learner processes 1..N-1 of a group (`config.learner_processes`), each an accelerator's
+    # node too; the "learner" node is process 0, which they join (builders/experiments/
+    # distributed.py).
+    followers = []
+    if config.learner_processes > 1:
+        with program.group("learner_follower", resources={"CPU": 1, "accelerator": 1}):
+            followers = [program.add_node(runtime.CourierNode(
+                LearnerFollower, i, config.learner_processes, follower_parts, builder,
+                env_factory, config, replay)) for i in range(1, config.learner_processes)]
     with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(
             runtime.CourierNode(learner_node, builder, env_factory, config, replay, checkpoints,
-                                stop_rule))
+                                stop_rule, followers))
     # A restarted env worker comes back with a new run id; inference then drops its partial
     # unrolls, so no unroll spans the restart.
     with program.group("actor", max_restarts=config.max_actor_restarts,
@@ -122,7 +138,8 @@ def actor_seed(seed: int, actor: int, envs_per_actor: int) -> int:
 
 def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: ExperimentConfig,
                  replay: Any = None, checkpoints: Checkpoints | None = None,
-                 stop_rule: StopRule | None = None) -> LearnerNode:
+                 stop_rule: StopRule | None = None, followers: Sequence[Any] = ()
+                 ) -> LearnerNode:
     """The learner node with its parts, built in the node's process (its `CourierNode` calls
     this there).
 
@@ -134,7 +151,10 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
       replay: the replay node, where `make_program` added one: it holds the builder's own
         table (`agent_table`), which then feeds the learner, or else, with
         `config.unroll_queue == "replay"`, the unroll table through which unrolls go.
+      followers: the other learner processes' nodes (`distributed.LearnerFollower`), which
+        this one, process 0, forms a group with before JAX starts.
     """
+    group = start_group(followers)
     spec = env_factory.spec()
     # On the host's CPU, as the state's init (`init_device`); uncommitted, so the learner
     # and the policy still take them onto their devices.
@@ -147,7 +167,7 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
                                    replay=None if table is None else client)
     schedule = LearningRateSchedule.of(
         builder, builder.make_training(networks, spec), config.total_env_steps)
-    queue_spec = builder.queue_spec()
+    queue_spec = process_share(builder.queue_spec(), group.processes)
     wire = step_format(spec)
     stop = runtime.stop_event()
     feed, shapes = learner_feed(builder, spec, queue_spec, config, client, table, stop)
@@ -162,6 +182,7 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
         for size in shapes:
             feed.allow(size)
     checkpointer, counter = open_checkpoints(checkpoints, learner, config)
+    group.share_state(learner)  # A restored state reaches every process.
     initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
     inference = InferenceServer(
         ServedPolicy(builder.make_policy(networks), learner.params, inference_key, spec,
@@ -179,7 +200,33 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
                                           queue_spec.batch_size),
         counter, stop_rule or StopRule.of(config),
         LearnerStats(counter, inference, feed.size, config.log_every_s), checkpointer, stop,
-        learn=config.learn)
+        learn=config.learn, group=group)
+
+
+def follower_parts(builder: Builder[Any], env_factory: EnvFactory, config: ExperimentConfig,
+                   replay: Any, stop: StopEvent) -> FollowerParts:
+    """A follower learner process's parts, built once its group has formed
+    (`distributed.LearnerFollower`): the learner, its share of each batch from the replay
+    node's unroll table, and the update with the run's learning-rate schedule."""
+    spec = env_factory.spec()
+    networks = builder.make_networks(spec)
+    with jax.default_device(init_device(jax.local_devices())):
+        learner_key = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As process 0's.
+    learner = builder.make_learner(networks, spec, learner_key)
+    queue_spec = process_share(builder.queue_spec(), config.learner_processes)
+    wire = step_format(spec)
+    feed, shapes = learner_feed(builder, spec, queue_spec, config, ReplayClient(replay), None,
+                                stop)
+    no_policy = threading.Event()
+    no_policy.set()  # No policy here to compile first.
+    compiled = CompileAhead(learner, {size: wire.nest(batch) for size, batch in shapes.items()},
+                            after_first=no_policy, wanted=feed.backlog, stop=stop,
+                            on_compiled=feed.allow)
+    schedule = LearningRateSchedule.of(
+        builder, builder.make_training(networks, spec), config.total_env_steps)
+    return FollowerParts(
+        Prefetch(feed, lambda batch: learner.place(wire.nest(batch)), stop),
+        LearnerUpdate(learner, compiled, schedule, config, queue_spec.batch_size))
 
 
 def learner_feed(builder: Builder[Any], spec: EnvSpec | MultiAgentSpec, queue_spec: QueueSpec,
@@ -195,7 +242,9 @@ def learner_feed(builder: Builder[Any], spec: EnvSpec | MultiAgentSpec, queue_sp
         return (ReplayFeed(replay, table.name, size, stop),
                 {size: ReplayFeed.batch_shapes(abstract_batch(builder, spec, queue_spec, size))})
     sizes = batch_sizes(queue_spec, config)
+    # Learner processes share the table, which alone bounds the unrolls waiting.
     feed = UnrollFeed(unroll_queue(queue_spec, config, replay), sizes, stop,
+                      None if config.learner_processes > 1 else
                       {size: max_unrolls(queue_spec, config, size) for size in sizes})
     return feed, {size: abstract_batch(builder, spec, queue_spec, size) for size in sizes}
 

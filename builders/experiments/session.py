@@ -54,6 +54,7 @@ from trellis.builders.experiments import es_run, self_play_run
 from trellis.builders.experiments.anakin_run import population_run, restore_gradient_member
 from trellis.builders.experiments.checkpointing import latest_checkpoint
 from trellis.builders.experiments.curves import finish_run_dir
+from trellis.builders.experiments.distributed import group_refusal
 from trellis.builders.experiments.execution import Ending, Execution, Report
 from trellis.builders.experiments.platforms import (
     ANAKIN,
@@ -343,6 +344,9 @@ def _gradient_execution(builder: Builder[Any], env_factory: EnvFactory, config: 
                         quiet: bool) -> Execution:
     """Gradient learners: a population in one jitted program on anakin
     (`anakin_run.population_run`), else the SEED-style program graph (`ProgramRun`)."""
+    refusal = group_refusal(builder, config, platform_name(settings))
+    if refusal is not None:
+        raise UnsupportedError(refusal)
     if isinstance(settings, PopulationSettings):
         rule = StopRule.of(config, every_member=settings.pbt is None)
         return population_run(builder, env_factory, config, run_dir, settings, rule,
