@@ -8,8 +8,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
+import pytest
+
+from tests.test_run import REPO, run, summary
 
 # One learner process of a group of `processes`: IMPALA's learner, a tiny network, UPDATES
 # updates on fixed global batches of B unrolls, of which this process feeds its share
@@ -111,3 +115,114 @@ def _init_params() -> list:
     learner = builder.make_learner(builder.make_networks(spec), spec, jax.random.PRNGKey(0),
                                    devices=jax.local_devices()[:1])
     return [np.asarray(x).tolist() for x in jax.tree.leaves(jax.device_get(learner.params))]
+
+
+def test_learner_feeds_take_their_shares_of_one_table_with_their_versions():
+    """The unrolls one feed puts into a replay node's Queue table carry their policy
+    versions, so two learner processes' feeds, each taking its share, get each unroll's own."""
+    from trellis import reverb_tables as rt
+    from trellis.builders.contract.agent import ArraySpec
+    from trellis.builders.experiments.feeds import POLICY_VERSION, UnrollFeed
+    from trellis.builders.experiments.unroll_queue import TableUnrollQueue, unroll_table_spec
+
+    t, k = 2, 3
+    client = rt.make_client([unroll_table_spec({"obs": ArraySpec((), "float32")}, t, k, 8)])
+    stop = threading.Event()
+    try:
+        writer, *readers = (UnrollFeed(TableUnrollQueue(client), (k,), stop, None)
+                            for _ in range(3))
+        for i in range(4):
+            writer.put({"obs": np.full((t + 1, k), i, np.float32)}, np.full(t + 1, 10 * i))
+        batches = [feed.next_batch() for feed in (*readers, *readers)]
+    finally:
+        stop.set()
+        client.close()
+    assert all(b is not None for b in batches)
+    assert sorted(int(b["obs"][0, 0]) for b in batches) == [0, 1, 2, 3]
+    for b in batches:
+        np.testing.assert_array_equal(b[POLICY_VERSION], 10 * b["obs"].astype(np.int64))
+
+
+@pytest.mark.parametrize("platform, settings, refusal", [
+    ("local_mt", {}, "use --platform=local_mp or ray, not local_mt"),
+    ("anakin", {}, "use --platform=local_mp or ray, not anakin"),
+    ("local_mp", {"learner_processes": 3}, "must divide the batch size (32)"),
+    ("local_mp", {"learn": False}, "--learn=false acts alone"),
+    ("local_mp", {}, None),
+])
+def test_learner_processes_are_refused_in_one_line_where_they_cannot_run(platform, settings,
+                                                                         refusal):
+    from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
+    from trellis.builders.contract.config import ExperimentConfig
+    from trellis.builders.experiments.distributed import group_refusal
+
+    config = ExperimentConfig(**{"learner_processes": 2, "unroll_queue": "replay",
+                                 "learner_batch": "fixed", **settings})
+    message = group_refusal(ImpalaBuilder(ImpalaConfig(batch_size=32)), config, platform)
+    assert message == refusal or (refusal is not None and refusal in message), message
+
+
+def test_learner_processes_need_the_replay_queue_and_fixed_batches():
+    from trellis.agents.dqn import DQNBuilder, DQNConfig
+    from trellis.builders.contract.config import ConfigError, ExperimentConfig
+    from trellis.builders.experiments.distributed import group_refusal
+
+    with pytest.raises(ConfigError, match="--unroll_queue=replay and --learner_batch=fixed"):
+        ExperimentConfig(learner_processes=2)
+    with pytest.raises(ConfigError, match="not restarted"):
+        ExperimentConfig(learner_processes=2, unroll_queue="replay", learner_batch="fixed",
+                         max_learner_restarts=1)
+    config = ExperimentConfig(learner_processes=2, unroll_queue="replay", learner_batch="fixed")
+    assert "DQNBuilder learns from replay" in group_refusal(DQNBuilder(DQNConfig()), config,
+                                                            "local_mp")
+
+
+TWO_LEARNERS = ["--agent=impala", "--env=CartPole-v1", "--learner_processes=2",
+                "--unroll_queue=replay", "--learner_batch=fixed", "--stop_at_return=150",
+                "--total_env_steps=400000"]
+
+
+@pytest.mark.slow  # ~2-3 min on 2 loaded cores: four processes start their JAX.
+def test_impala_trains_cartpole_with_a_two_process_learner_on_local_mp(tmp_path):
+    out = run(["--platform=local_mp", *TWO_LEARNERS, f"--logdir={tmp_path}"], timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "return_target" and s["mean_return"] >= 150, s
+    assert "Rank 1 is connected" in out.stderr  # The group formed (gloo's line).
+
+
+# Run in a fresh Python (tests/test_preemption.py's way): a local Ray cluster of two nodes,
+# one logical GPU each, so each learner process (which asks for an accelerator) lands on its
+# own node; run.py joins it.
+RAY_SCRIPT = """
+import faulthandler, json, subprocess, sys
+faulthandler.dump_traceback_later(760, exit=True)
+import ray
+from ray.cluster_utils import Cluster
+
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 2, "num_gpus": 1, "include_dashboard": False})
+cluster.add_node(num_cpus=2, num_gpus=1)
+cluster.wait_for_nodes(timeout=180)
+out = subprocess.run([sys.executable, "launch/run.py", "--platform=ray",
+                      f"--ray_address={cluster.address}", *sys.argv[1:]],
+                     capture_output=True, text=True)
+cluster.shutdown()
+sys.stderr.write(out.stderr)
+print(json.dumps({"code": out.returncode}))
+"""
+
+
+@pytest.mark.slow
+def test_impala_trains_cartpole_with_a_two_process_learner_on_a_two_node_ray_cluster(
+        tmp_path):
+    pytest.importorskip("ray")
+    # The nodes bind loopback only: the cluster runs without Ray's auth token (test_ray's).
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", RAY_SCRIPT, *TWO_LEARNERS, "--quiet",
+                          f"--logdir={tmp_path}"], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=800)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 0}, out.stderr[-4000:]
+    s = summary(tmp_path)
+    assert s["stopped_by"] == "return_target" and s["mean_return"] >= 150, s
