@@ -11,12 +11,14 @@ process killed mid-save (even with SIGKILL) leaves the previous checkpoints inta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import logging
 import os
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -219,15 +221,16 @@ def newest_readable(directory: str) -> tuple[int, dict[str, Any]]:
     if not steps:
         raise CheckpointError(f"no complete checkpoint in {directory}")
     bad: list[tuple[int, CheckpointError]] = []
-    for step in steps:
-        try:
-            progress = _read_progress(directory, step)
-        except CheckpointError as e:
-            bad.append((step, e))
-            continue
-        if bad:
-            _set_aside(directory, bad, step)
-        return step, progress
+    with _without_closed_loop_reports():
+        for step in steps:
+            try:
+                progress = _read_progress(directory, step)
+            except CheckpointError as e:
+                bad.append((step, e))
+                continue
+            if bad:
+                _set_aside(directory, bad, step)
+            return step, progress
     raise CheckpointError(f"no readable checkpoint in {directory}: {bad[0][1]}")
 
 
@@ -267,6 +270,26 @@ def _read_progress(directory: str, step: int) -> dict[str, Any]:
         if not isinstance(progress.get(name), int):
             raise CheckpointError(f"checkpoint {path}: progress has no integer {name!r}")
     return progress
+
+
+@contextlib.contextmanager
+def _without_closed_loop_reports() -> Iterator[None]:
+    """Inside, the reports of tensorstore reads that end after orbax has closed their event
+    loop are dropped: a damaged checkpoint's failed read leaves dozens, each a "RuntimeError:
+    Event loop is closed" traceback (through `sys.unraisablehook`) before its one warning line.
+    Any other unraisable error is reported as before."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def _set_aside(directory: str, bad: list[tuple[int, CheckpointError]], used: int) -> None:
