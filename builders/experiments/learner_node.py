@@ -130,6 +130,10 @@ class LearnerNode:
             # both, so the run's final stats are the counts of its last checkpoint.
             final = self._counter.snapshot()
             self._save_checkpoint(final)
+            if self._checkpointer is not None:
+                # On disk before the joins below, which take seconds of the run's bounded
+                # shutdown (`shutdown_timeout_s`) that the checkpoint needs more.
+                self._checkpointer.wait()
             if reason is not None:
                 runtime.request_stop(reason, info=self._stats.report(final))
         finally:

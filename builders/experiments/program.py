@@ -65,8 +65,8 @@ def make_program(
 ) -> runtime.Program:
     """SEED-style graph: one learner node (inference inside), `num_actors` env workers.
 
-    Env workers are restarted up to `config.max_actor_restarts` times each; the learner is
-    never restarted (its failure stops the program).
+    Env workers are restarted up to `config.max_actor_restarts` times each, the learner (from
+    its newest checkpoint) and the evaluator up to `config.max_learner_restarts` times.
 
     A "replay" node holds the builder's own replay table (`Builder.replay_table`, e.g.
     R2D2's prioritized sequences) where it has one, which then feeds the learner; otherwise,
@@ -104,7 +104,10 @@ def make_program(
             followers = [program.add_node(runtime.CourierNode(
                 LearnerFollower, i, config.learner_processes, follower_parts, builder,
                 env_factory, config, replay)) for i in range(1, config.learner_processes)]
-    with program.group("learner", resources={"CPU": 1, "accelerator": 1}):
+    # A restarted learner goes on from its newest checkpoint (`open_checkpoints`); env workers
+    # and the evaluator reconnect to it at the same address.
+    with program.group("learner", max_restarts=config.max_learner_restarts,
+                       resources={"CPU": 1, "accelerator": 1}):
         learner = program.add_node(
             runtime.CourierNode(learner_node, builder, env_factory, config, replay, checkpoints,
                                 stop_rule, followers))
@@ -118,7 +121,7 @@ def make_program(
                 actor_seed(config.seed, i, config.envs_per_actor), config.env_buffers
             ))
     if config.eval_every > 0:
-        with program.group("evaluator"):
+        with program.group("evaluator", max_restarts=config.max_learner_restarts):
             program.add_node(runtime.CourierNode(Evaluator, builder, env_factory, learner, config,
                                                  video_dir))
     return program
@@ -181,7 +184,8 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
     if not config.learn:
         for size in shapes:
             feed.allow(size)
-    checkpointer, counter = open_checkpoints(checkpoints, learner, config)
+    checkpointer, counter = open_checkpoints(checkpoints, learner, config,
+                                             restarted=runtime.restart_count() > 0)
     group.share_state(learner)  # A restored state reaches every process.
     initial_state = builder.initial_state(spec, config.num_actors * config.envs_per_actor)
     inference = InferenceServer(
