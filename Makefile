@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # default suite. The dm-reverb environment below installs dev only (its JAX is too old for some).
 EXTRAS := dev,gymnax,brax,tune,envpool,popgym,es,search,marl,mujoco,playground,minatar,video,wandb,mlflow
 
-.PHONY: setup run test test-slow test-reverb links lint docs bench clean
+.PHONY: setup run test test-slow test-reverb test-onnx links lint docs bench clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,17 @@ $(REVERB_VENV)/.installed: pyproject.toml
 test-reverb: $(REVERB_VENV)/.installed
 	$(REVERB_VENV)/bin/python -m pytest -q tests/test_reverb_tables.py \
 		tests/test_reverb_tables_native.py tests/test_replay_node.py tests/test_unroll_queue.py
+
+# The ONNX export's tests, with the onnx extra (jax2onnx pins an older orbax-checkpoint: pyproject).
+ONNX_VENV := .venv-onnx
+$(ONNX_VENV)/.installed: pyproject.toml setup.py
+	test -x $(ONNX_VENV)/bin/python || $(PY) -m venv $(ONNX_VENV)
+	$(ONNX_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ONNX_VENV)/bin/python -m pip install -q -e ".[dev,onnx]"
+	touch $@
+
+test-onnx: $(ONNX_VENV)/.installed
+	$(ONNX_VENV)/bin/python -m pytest -q tests/test_onnx_export.py
 
 # mypy cannot follow the editable install's import hook (setuptools' PEP 660 finder), so it reads
 # `trellis` from links, trellis/<folder> -> <folder> as setup.py maps them and trellis/<file> ->

@@ -9,8 +9,8 @@ DIR/step-S-episode-I.mp4, played in the run's env (its kwargs, wrappers and prep
 drawn by its factory (every family that renders: Gymnasium ids, envpool's Atari with its raw
 screen, MinAtar, gymnax, Brax, Playground; builders/experiments/recording.py; the `video` extra).
 With --export=DIR, the greedy policy is written instead, as
-DIR/policy.jax (`jax.export`, params inside) and DIR/spec.json (launch/loaded_policy.py);
-existing files are kept unless --force.
+DIR/policy.jax (`jax.export`, params inside) and DIR/spec.json (launch/loaded_policy.py),
+with --onnx DIR/policy.onnx too (launch/onnx_policy.py); existing files are kept unless --force.
 """
 
 from __future__ import annotations
@@ -58,11 +58,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--export", default=None, metavar="DIR",
                    help="write the greedy policy to DIR/policy.jax (jax.export, params inside) "
                    "and DIR/spec.json instead of playing")
+    p.add_argument("--onnx", action="store_true",
+                   help="--export: also write DIR/policy.onnx (jax2onnx: the onnx extra; "
+                   "feed-forward policies of single-agent envs)")
     p.add_argument("--force", action="store_true",
-                   help="--export: overwrite DIR's policy.jax and spec.json")
+                   help="--export: overwrite DIR's policy.jax and spec.json (and policy.onnx)")
     args = p.parse_args(argv)
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
+    if args.onnx and not args.export:
+        p.error("--onnx writes DIR/policy.onnx with --export=DIR: give --export")
     return args
 
 
@@ -91,7 +96,7 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     {export, spec, checkpoint_env_steps}: the paths written and spec.json's content."""
     try:
         policy = load_policy(args.run_dir, args.step, args.member)
-        path = policy.export(args.export, force=args.force)
+        path = policy.export(args.export, force=args.force, onnx=args.onnx)
     except (UsageError, ValueError, CheckpointError, AnakinError) as e:  # LoadError is one.
         raise _Error(str(e)) from e
     with open(os.path.join(args.export, SPEC_FILE)) as f:

@@ -33,6 +33,7 @@ from trellis.envs.contract import EnvFactory
 from trellis.envs.multi_agent import MultiAgentSpec, MultiAgentStep
 from trellis.envs.specs import EnvSpec
 from trellis.launch.flags import RunSettings, load_run
+from trellis.launch.onnx_policy import ONNX_FILE, OnnxError, write_onnx
 
 FUNCTION_FILE = "policy.jax"
 SPEC_FILE = "spec.json"
@@ -252,8 +253,9 @@ class LoadedPolicy:
         raise LoadError(f"{self.env_id}'s observations are of shape {spec.observation_shape} "
                         f"(or a batch [N, *shape]), got {x.shape}")
 
-    def export(self, directory: str, *, force: bool = False) -> str:
-        """Writes DIRECTORY/policy.jax and DIRECTORY/spec.json (see the module docstring).
+    def export(self, directory: str, *, force: bool = False, onnx: bool = False) -> str:
+        """Writes DIRECTORY/policy.jax and DIRECTORY/spec.json (see the module docstring), and
+        with `onnx` DIRECTORY/policy.onnx (launch/onnx_policy.py: the `onnx` extra).
 
         The function takes a batch of observations of any size (for a multi-agent env,
         {agent: obs [N, ...]}) and gives the greedy actions; a recurrent policy's takes and
@@ -263,22 +265,38 @@ class LoadedPolicy:
         Args:
           directory: created if missing.
           force: overwrite the files of an earlier export.
+          onnx: also write the greedy policy as ONNX (a feed-forward policy of a single-agent
+            env only).
 
         Returns:
           The path of policy.jax.
 
         Raises:
-          LoadError: the files exist and `force` is false.
+          LoadError: the files exist and `force` is false; `onnx` for a recurrent or
+            multi-agent policy, or one jax2onnx cannot convert (or jax2onnx is missing).
         """
         function_path = os.path.join(directory, FUNCTION_FILE)
         spec_path = os.path.join(directory, SPEC_FILE)
-        existing = [p for p in (function_path, spec_path) if os.path.exists(p)]
+        onnx_path = os.path.join(directory, ONNX_FILE)
+        existing = [p for p in (function_path, spec_path, *([onnx_path] if onnx else []))
+                    if os.path.exists(p)]
         if existing and not force:
             raise LoadError(f"{existing[0]} exists: export elsewhere, or overwrite it with "
                             "force=True (--force)")
+        if onnx and (self.recurrent or isinstance(self.spec, MultiAgentSpec)):
+            raise LoadError(f"ONNX export takes a feed-forward policy of a single-agent env; "
+                            f"{self.agent}'s on {self.env_id} is "
+                            f"{'recurrent' if self.recurrent else 'multi-agent'} "
+                            "(policy.jax exports it)")
         exported = jax.export.export(jax.jit(self._exported_function()),
                                      platforms=_platforms())(*self._exported_arguments())
         os.makedirs(directory, exist_ok=True)
+        if onnx:  # First: a policy it cannot convert leaves no files behind.
+            assert isinstance(self.spec, EnvSpec)
+            try:
+                write_onnx(self._exported_function(), self.spec, onnx_path)
+            except OnnxError as e:
+                raise LoadError(f"{self.agent}'s policy: {e}") from e
         with open(function_path, "wb") as f:
             f.write(exported.serialize())
         with open(spec_path, "w") as f:
@@ -417,13 +435,13 @@ class SearchPolicy:
         actions = np.asarray(self.player(key, states))
         return actions if batched else actions[0]
 
-    def export(self, directory: str, *, force: bool = False) -> NoReturn:
+    def export(self, directory: str, *, force: bool = False, onnx: bool = False) -> NoReturn:
         """Refused: a search runs the game's own model (pgx) inside; what `export` writes is a
         function of observations.
 
         Raises:
           LoadError: always.
         """
-        del directory, force
+        del directory, force, onnx
         raise LoadError(f"{self.agent}'s player is a tree search that steps the game's own "
                         "model: export writes policies of observations (the other agents')")

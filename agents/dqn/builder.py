@@ -48,12 +48,12 @@ class DQNBuilder(AgentBuilder[EnvSpec]):
         def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
                    first: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], State]:
             del first  # Feed-forward: nothing to reset.
+            if evaluation:  # No key used: an exported policy (ONNX) holds no random ops.
+                q_values = networks.q_values(params["q"], obs, None)  # [N, A]
+                return jnp.argmax(q_values, axis=-1).astype(jnp.int32), {}, state
             noise_key, key = jax.random.split(key)
-            noise = noise_key if c.noisy and not evaluation else None
-            q_values = networks.q_values(params["q"], obs, noise)  # [N, A]
+            q_values = networks.q_values(params["q"], obs, noise_key if c.noisy else None)
             greedy = jnp.argmax(q_values, axis=-1).astype(jnp.int32)
-            if evaluation:
-                return greedy, {}, state
             n = obs.shape[0]
             epsilon = ladder[jnp.arange(n) % ladder.shape[0]]  # [N]
             if c.epsilon_decay_updates:
