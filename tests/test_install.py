@@ -30,8 +30,9 @@ DIST = "trellis_rl"
 # Flags an agent needs beyond run.py's defaults (an env it supports). Every agent registered in
 # agents/registry.py is run, with no extra flags unless it is listed here.
 AGENT_FLAGS = {
-    "alphazero": ["--platform=anakin", "--env=pgx:tic_tac_toe", "--unroll_length=9",
-                  "--batch_size=8", "--num_simulations=2", "--eval_every_updates=0"],
+    **{agent: ["--platform=anakin", "--env=pgx:tic_tac_toe", "--unroll_length=9",
+               "--batch_size=8", "--num_simulations=2", "--eval_every_updates=0"]
+       for agent in ("alphazero", "muzero")},
     # Continuous actions: Pendulum (classic control, in the base install).
     **{agent: ["--env=Pendulum-v1"] for agent in ("d4pg", "ddpg", "mpo", "sac", "td3")},
     # Multi-agent: the JAX warehouses example (needs no extra), on anakin.
@@ -40,8 +41,8 @@ AGENT_FLAGS = {
     "iimpala": ["--platform=anakin", "--env=warehouses", "--batch_size=4"],
 }
 # The pyproject extra an agent's run needs beyond the base install, installed into the venv
-# before its run (alphazero: mctx and pgx).
-AGENT_EXTRAS = {"alphazero": "search"}
+# before its run (alphazero, muzero: mctx and pgx).
+AGENT_EXTRAS = {"alphazero": "search", "muzero": "search"}
 AGENT_RUNS = sorted(AGENTS)
 ENV_STEPS = 300
 # Not part of the source a wheel is built from.
