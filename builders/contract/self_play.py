@@ -1,5 +1,6 @@
 """Self-play with search in two-player games (`Capabilities.learns_from == SELF_PLAY`):
-AlphaZero (agents/alphazero/).
+AlphaZero (agents/alphazero/), and MuZero (agents/muzero/), whose search plans with a learned
+model; the protocol carries both unchanged.
 
 The agent plays moves chosen by a search of its network, stores the positions and learns from
 them inside one pure function of a state of its own (`SelfPlay.iterate`), which
