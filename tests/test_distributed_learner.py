@@ -194,7 +194,8 @@ def test_impala_trains_cartpole_with_a_two_process_learner_on_local_mp(tmp_path)
 
 # Run in a fresh Python (tests/test_preemption.py's way): a local Ray cluster of two nodes,
 # one logical GPU each, so each learner process (which asks for an accelerator) lands on its
-# own node; run.py joins it.
+# own node, and room for the five nodes' CPUs (replay, two learners, two env workers); run.py
+# joins it.
 RAY_SCRIPT = """
 import faulthandler, json, subprocess, sys
 faulthandler.dump_traceback_later(760, exit=True)
@@ -202,8 +203,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 2, "num_gpus": 1, "include_dashboard": False})
-cluster.add_node(num_cpus=2, num_gpus=1)
+    "num_cpus": 3, "num_gpus": 1, "include_dashboard": False})
+cluster.add_node(num_cpus=3, num_gpus=1)
 cluster.wait_for_nodes(timeout=180)
 out = subprocess.run([sys.executable, "launch/run.py", "--platform=ray",
                       f"--ray_address={cluster.address}", *sys.argv[1:]],
