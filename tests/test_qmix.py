@@ -260,7 +260,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     """One Q-network per agent and QMIX's mixer: a run stopped at its budget and resumed ends
     with the same params as a run that went straight through."""
     flags = ("--agent=qmix", *SHORT, "--policy_mapping=per_agent", "--seed=3",
-             "--unroll_length=8", "--hidden_sizes=16")
+             "--unroll_length=8", "--hidden_sizes=16", "--updates_per_call=2")  # 1,024 a call.
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert run.main([*flags, "--total_env_steps=2048", f"--logdir={straight}"]) == 0
     assert run.main([*flags, "--total_env_steps=1024", f"--logdir={resumed}"]) == 0
