@@ -9,7 +9,7 @@ Usage: python benchmarks/alphazero.py [--agent=alphazero|muzero] --game=GAME --m
 it (the game's preset applying: agents/alphazero/config.py) and stopped with Ctrl-C (SIGINT: a
 final checkpoint) M minutes after its launch, imports and compilation included (or at its
 first metrics record, if its start-up took longer), or ends first at its env-step budget where
-`--total_env_steps` or the preset gives one it reaches (tic-tac-toe's: 1.5M moves); the
+`--total_env_steps` or the preset gives one it reaches (tic-tac-toe's: 300k moves); the
 checkpoint's search then plays `--games` games against each baseline of
 agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations, minimax on
 tic-tac-toe), half of them moving first; against minimax it also follows every line of

@@ -295,9 +295,9 @@ def test_games_are_for_self_play_agents_only():
 @pytest.mark.timeout(1800)
 def test_tic_tac_toe_loses_no_game_to_minimax_within_10_minutes():
     """With no flags but the time, as a user runs it: the game's preset (agents/alphazero's
-    TIC_TAC_TOE) is the default that must hold. Its rate falls to 0 at a budget of 1.5M moves,
-    which an idle 2-core machine reaches in about 6 minutes, so the run stops on the params
-    the schedule settled, not wherever 10 minutes land (at load 30, 390k moves in the 10)."""
+    TIC_TAC_TOE) is the default that must hold. Its rate falls to 0 at a budget of 300k moves,
+    which the 2-core machine reached in 8 minutes at load 17-24, so the run stops on the params
+    the schedule settled, not wherever 10 minutes land (docs/alphazero.md)."""
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "alphazero.py"), "--game=tic_tac_toe",
          "--minutes=10", "--games=100", "--baselines=minimax"],

@@ -94,13 +94,15 @@ class AlphaZeroConfig(AgentConfig):
 _MEASURED = "Trellis's own runs on a 2-core CPU, docs/alphazero.md"
 _GUMBEL = "Danihelka et al. (2022), Policy improvement by planning with Gumbel"
 # Tic-tac-toe: 10 minutes and no game lost to minimax. The rate falls linearly to 0 over a
-# budget of 1.5M moves that the run reaches, so it ends on the params the schedule settled,
-# not wherever its time lands (later params flip on single positions); a replay of 1M moves
-# keeps early games' blunders and their punishments, which a replay of 100,000 forgets.
+# budget the run reaches, so it ends on the params the schedule settled, not wherever its time
+# lands (later params flip on single positions): 300k moves, which the 2-core machine played
+# in 8 minutes at load 17-24, where 10 minutes at load 30 gave 175-390k (1.5M, enough on an
+# idle machine, left the rate high there and lost games); a replay of 1M moves keeps early
+# games' blunders and their punishments, which a replay of 100,000 forgets.
 TIC_TAC_TOE = Preset(
     source=f"{_MEASURED} (tic-tac-toe, 2026-11-26 to 11-29)",
     settings={"search_policy": "gumbel", "num_simulations": 64, "unroll_length": 9,
-              "replay_size": 1_000_000, "total_env_steps": 1_500_000,
+              "replay_size": 1_000_000, "total_env_steps": 300_000,
               "learning_rate_schedule": "linear", "eval_opponent": "minimax",
               "eval_every_updates": 2_000},
     sources={"search_policy": _GUMBEL})
