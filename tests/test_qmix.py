@@ -247,7 +247,8 @@ SHORT = ("--platform=anakin", f"--env={SPREAD}", "--quiet", "--batch_size=64",
 def test_learns_simple_spread_above_random(agent, tmp_path):
     """A short run on MPE simple_spread (131,072 env steps: the budget rounds up to whole
     compiled calls): the mean team return over the last 100 episodes ends well above a random
-    policy's (VDN: -64.0 on 2026-11-29, 5 standard errors above the floor)."""
+    policy's (VDN: -64.0 on 2026-11-29 before 36af7a9's bootstrap fix; the bar, the floor
+    plus 12, is 5 standard errors of a 100-episode mean)."""
     assert run.main([f"--agent={agent}", *SHORT, "--total_env_steps=100000",
                      f"--logdir={tmp_path}"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
