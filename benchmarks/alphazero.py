@@ -37,7 +37,7 @@ from trellis.agents.alphazero.baselines import minimax_lines
 from trellis.agents.muzero import MuZeroBuilder
 from trellis.builders.experiments.rundir import read_json
 from trellis.builders.experiments.self_play_run import outcome_rates, restore_params
-from trellis.launch.flags import load_run, parse, preset_settings
+from trellis.launch.flags import UsageError, load_run, parse, preset_settings
 
 SMOKE_FLAGS = ["--game=tic_tac_toe", "--minutes=0.1", "--games=2", "--baselines=random",
                "--unroll_length=9", "--batch_size=8", "--num_simulations=2",
@@ -51,8 +51,11 @@ def train(agent: str, game: str, minutes: float, run_dir: str, flags: list[str])
     summary.json."""
     run = [f"--agent={agent}", "--platform=anakin", f"--env=pgx:{game}"]
     # No budget but the time unless the game's preset or `flags` give one (the last of a flag
-    # counts); a bad flag fails here, before anything starts.
-    preset = preset_settings(agent, parse([*run, *flags]).options.preset)
+    # counts); a bad flag fails here in one line, before anything starts.
+    try:
+        preset = preset_settings(agent, parse([*run, *flags]).options.preset)
+    except UsageError as e:
+        raise SystemExit(f"alphazero.py: {e}") from None
     budget = [] if "total_env_steps" in preset else ["--total_env_steps=1000000000"]
     command = [sys.executable, RUN_PY, *run, f"--logdir={run_dir}", "--quiet", *budget, *flags]
     launched = time.monotonic()
