@@ -65,6 +65,16 @@ def _ocp() -> types.ModuleType:
     return ocp
 
 
+def _alone(ocp: types.ModuleType, **options: Any) -> Any:
+    """Options of a checkpoint manager that this process alone uses, also as process 0 of a
+    learner group (builders/experiments/distributed.py), where orbax would otherwise wait at
+    barriers for the other processes, which hold the same state and never checkpoint. With
+    them orbax does not create the directory (its `create` refuses them)."""
+    return ocp.CheckpointManagerOptions(
+        create=False, **options, multiprocessing_options=ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()}))
+
+
 class Checkpointer:
     """Saves and restores (learner state, progress) pairs, keeping the last `max_to_keep`.
 
@@ -79,15 +89,9 @@ class Checkpointer:
     def __init__(self, directory: str, max_to_keep: int = 3):
         ocp = _ocp()
         self.directory = os.path.abspath(directory)
-        # This process alone writes and reads, also as process 0 of a learner group
-        # (builders/experiments/distributed.py), where orbax would otherwise wait at barriers
-        # for the other processes, which hold the same state and never checkpoint.
-        alone = ocp.options.MultiprocessingOptions(
-            primary_host=jax.process_index(), active_processes={jax.process_index()})
-        os.makedirs(self.directory, exist_ok=True)  # orbax's `create` refuses `alone`.
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=False,
-                                               multiprocessing_options=alone)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        os.makedirs(self.directory, exist_ok=True)  # orbax's `create` refuses `_alone`'s.
+        self._manager = ocp.CheckpointManager(self.directory,
+                                              options=_alone(ocp, max_to_keep=max_to_keep))
 
     def latest_step(self) -> int | None:
         step: int | None = self._manager.latest_step()
@@ -255,7 +259,7 @@ def _read_progress(directory: str, step: int) -> dict[str, Any]:
     ocp = _ocp()
     path = os.path.join(directory, str(step))
     try:
-        manager = ocp.CheckpointManager(directory)
+        manager = ocp.CheckpointManager(directory, options=_alone(ocp))
     except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
         raise CheckpointError(f"cannot read checkpoints in {directory}: {_one_line(e)}") from e
     try:
@@ -335,7 +339,7 @@ def _fitting(directory: str, step: int | None, target: Any) -> Any:
     ocp = _ocp()
     # A reader of its own, with the handlers that reading metadata needs: the launcher's check
     # has no Checkpointer, and the one that saves keeps orbax's defaults.
-    manager = ocp.CheckpointManager(directory, item_handlers={
+    manager = ocp.CheckpointManager(directory, options=_alone(ocp), item_handlers={
         "state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()})
     try:
         saved = _shapes(manager.item_metadata(step)["state"])
