@@ -162,6 +162,18 @@ def test_learner_processes_are_refused_in_one_line_where_they_cannot_run(platfor
     assert message == refusal or (refusal is not None and refusal in message), message
 
 
+def test_an_evolution_strategy_refuses_learner_processes(tmp_path):
+    from trellis.agents.es import ESBuilder, ESConfig
+    from trellis.builders.contract.config import ExperimentConfig
+    from trellis.builders.experiments.session import UnsupportedError, run_experiment
+
+    config = ExperimentConfig(learner_processes=2, unroll_queue="replay", learner_batch="fixed")
+    with pytest.raises(UnsupportedError, match="--learner_processes=2 splits inference's "
+                       "unrolls between the learner processes; ESBuilder learns from episodes"):
+        run_experiment(ESBuilder(ESConfig()), "CartPole-v1", config, str(tmp_path),
+                       platform="local_mp")
+
+
 def test_learner_processes_need_the_replay_queue_and_fixed_batches():
     from trellis.agents.dqn import DQNBuilder, DQNConfig
     from trellis.builders.contract.config import ConfigError, ExperimentConfig

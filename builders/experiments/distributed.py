@@ -26,13 +26,13 @@ import dataclasses
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from trellis.builders.contract.agent import UNROLLS, Builder, Learner, QueueSpec
+from trellis.builders.contract.agent import UNROLLS, Agent, Builder, Learner, QueueSpec
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.feeds import Prefetch
 from trellis.builders.experiments.learner_update import LearnerUpdate
@@ -50,9 +50,9 @@ JOIN_TIMEOUT_S = 120
 _HALF = 1 << 30
 
 
-def group_refusal(builder: Builder[Any], config: ExperimentConfig, platform: str) -> str | None:
-    """Why `builder` cannot run on `platform` with `config.learner_processes` (one line), or
-    None if it can."""
+def group_refusal(builder: Agent[Any], config: ExperimentConfig, platform: str) -> str | None:
+    """Why `builder` (an agent of any kind) cannot run on `platform` with
+    `config.learner_processes` (one line), or None if it can."""
     n = config.learner_processes
     if n == 1:
         return None
@@ -66,7 +66,8 @@ def group_refusal(builder: Builder[Any], config: ExperimentConfig, platform: str
     if learns_from != UNROLLS:
         return (f"--learner_processes={n} splits inference's unrolls between the learner "
                 f"processes; {name} learns from {learns_from} (use --learner_processes=1)")
-    batch_size = builder.queue_spec().batch_size
+    # Learning from unrolls: a gradient learner (`session.check_supported` checked it).
+    batch_size = cast(Builder[Any], builder).queue_spec().batch_size
     if batch_size % n:
         return (f"--learner_processes={n} must divide the batch size ({batch_size}): each "
                 f"process takes its share of every batch")

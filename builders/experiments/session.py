@@ -344,9 +344,6 @@ def _gradient_execution(builder: Builder[Any], env_factory: EnvFactory, config: 
                         quiet: bool) -> Execution:
     """Gradient learners: a population in one jitted program on anakin
     (`anakin_run.population_run`), else the SEED-style program graph (`ProgramRun`)."""
-    refusal = group_refusal(builder, config, platform_name(settings))
-    if refusal is not None:
-        raise UnsupportedError(refusal)
     if isinstance(settings, PopulationSettings):
         rule = StopRule.of(config, every_member=settings.pbt is None)
         return population_run(builder, env_factory, config, run_dir, settings, rule,
@@ -447,6 +444,9 @@ def run_experiment(
     settings = platform_settings(platform)
     name = platform_name(settings)
     check_supported(builder, name, env_factory)
+    refusal = group_refusal(builder, config, name)  # Every kind: ES's and self-play's too.
+    if refusal is not None:
+        raise UnsupportedError(refusal)
     check_hparams(builder, settings, env_factory)
     check_env_buffers(builder, name, config)
     os.makedirs(run_dir, exist_ok=True)
