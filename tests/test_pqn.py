@@ -17,9 +17,10 @@ import pytest
 
 pytest.importorskip("gymnax", reason="gymnax is an optional extra (pip install -e '.[gymnax]')")
 
+from trellis.agents.common.q_learning import linear_epsilon, q_lambda_targets  # noqa: E402
 from trellis.agents.pqn import PQNBuilder, PQNConfig  # noqa: E402
 from trellis.agents.pqn.learner import acting_params, make_training  # noqa: E402
-from trellis.agents.pqn.losses import linear_epsilon, q_lambda_targets, q_loss  # noqa: E402
+from trellis.agents.pqn.losses import q_loss  # noqa: E402
 from trellis.agents.pqn.networks import PatchConv  # noqa: E402
 from trellis.builders.contract.config import ConfigError  # noqa: E402
 from trellis.builders.experiments.anakin_run import restore_member  # noqa: E402

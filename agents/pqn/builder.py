@@ -7,9 +7,9 @@ import jax.numpy as jnp
 
 from trellis.agents.common import AgentBuilder
 from trellis.agents.common.params import Params
+from trellis.agents.common.q_learning import epsilon_greedy, linear_epsilon
 from trellis.agents.pqn.config import PQNConfig
 from trellis.agents.pqn.learner import make_training
-from trellis.agents.pqn.losses import linear_epsilon
 from trellis.agents.pqn.networks import PQNNetworks, make_networks
 from trellis.builders.contract.agent import (
     UNROLLS,
@@ -42,7 +42,7 @@ class PQNBuilder(AgentBuilder[EnvSpec]):
         """`policy(params, key, obs[N, ...], state, first) -> (actions[N], {"q_max": [N]},
         state)`,
         feed-forward (the state stays {}): epsilon-greedy with every env's epsilon from the
-        schedule (`losses.linear_epsilon`), greedy when evaluating."""
+        schedule (`q_learning.linear_epsilon`), greedy when evaluating."""
         c = self.config
 
         def policy(params: Params, key: jax.Array, obs: jax.Array, state: State,
@@ -53,13 +53,9 @@ class PQNBuilder(AgentBuilder[EnvSpec]):
             extras = {"q_max": jnp.max(q_values, axis=-1)}
             if evaluation:
                 return greedy, extras, state
-            n = obs.shape[0]
             epsilon = linear_epsilon(params["env_steps"], c.epsilon_start, c.epsilon_finish,
                                      c.epsilon_decay_env_steps)
-            explore_key, action_key = jax.random.split(key)
-            explore = jax.random.uniform(explore_key, (n,)) < epsilon
-            random_actions = jax.random.randint(action_key, (n,), 0, networks.num_actions)
-            return jnp.where(explore, random_actions, greedy), extras, state
+            return epsilon_greedy(key, q_values, epsilon), extras, state
 
         return policy
 

@@ -15,8 +15,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trellis.agents.common import STATE_HPARAMS, Batch, scale_by_learning_rate_factor
 from trellis.agents.common.params import Params
+from trellis.agents.common.q_learning import linear_epsilon, q_lambda_targets
 from trellis.agents.pqn.config import PQNConfig
-from trellis.agents.pqn.losses import linear_epsilon, q_lambda_targets, q_loss
+from trellis.agents.pqn.losses import q_loss
 from trellis.agents.pqn.networks import PQNNetworks
 from trellis.builders.contract.agent import Training
 

@@ -1,4 +1,5 @@
-"""PQN's pure pieces on one trajectory: Q(lambda) targets, the TD loss, epsilon's schedule.
+"""PQN's loss. Its Q(lambda) targets and epsilon's schedule are agents/common/q_learning.py's
+(shared with QMIX/VDN).
 
 Gallici et al., 2024, "Simplifying Deep Temporal Difference Learning",
 https://arxiv.org/abs/2407.04811 (Algorithm 1 and its appendix's Q(lambda) targets: Peng's
@@ -10,51 +11,6 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
-import rlax
-
-
-def q_lambda_targets(
-    reward_t: jax.Array,
-    first_t: jax.Array,
-    terminated_t: jax.Array,
-    truncated_t: jax.Array,
-    q_max_t: jax.Array,
-    discount: float,
-    lambda_: float,
-) -> tuple[jax.Array, jax.Array]:
-    """Q(lambda) targets of one unroll's transitions, and which transitions are real.
-
-    G_s = r_s + gamma_s ((1 - lambda_s) max_a Q(x_{s+1}, a) + lambda_s G_{s+1}), with
-    G_T = max_a Q(x_T, a) past the unroll. Transition s goes from x_s to x_{s+1}; the
-    arguments describe x_{s+1}. A terminated x_{s+1} gives gamma_s = 0 (the target is the
-    reward); a truncated one bootstraps from x_{s+1} with its trace cut (lambda_s = 0). Next-step
-    autoreset makes the transition into a `first` observation fake (its action was ignored):
-    it is masked out, and no trace runs into it (lambda_{s-1} = 0 before it).
-
-    Args:
-      reward_t: [T] r_s, the reward on reaching x_{s+1}.
-      first_t: [T] x_{s+1} starts an episode.
-      terminated_t: [T] x_{s+1} is terminal.
-      truncated_t: [T] the episode was cut off at x_{s+1}.
-      q_max_t: [T] max_a Q(x_{s+1}, a).
-      discount: gamma.
-      lambda_: lambda (0: one-step Q-learning targets; 1: Monte Carlo returns, bootstrapped
-        at the unroll's end and at truncations).
-
-    Returns:
-      (targets [T], mask [T]): float32, wrapped in stop_gradient (targets); mask 1 where the
-      transition is real.
-    """
-    chex.assert_rank([reward_t, first_t, terminated_t, truncated_t, q_max_t], 1)
-    chex.assert_equal_shape([reward_t, first_t, terminated_t, truncated_t, q_max_t])
-    mask_t = 1.0 - first_t.astype(jnp.float32)
-    # Whether transition s + 1 is real; past the unroll the bootstrap stands in for it.
-    next_mask_t = jnp.concatenate([mask_t[1:], jnp.ones_like(mask_t[:1])])
-    discount_t = discount * (1.0 - terminated_t.astype(jnp.float32))
-    lambda_t = lambda_ * (1.0 - truncated_t.astype(jnp.float32)) * next_mask_t
-    targets = jnp.asarray(rlax.lambda_returns(reward_t.astype(jnp.float32), discount_t,
-                                              q_max_t.astype(jnp.float32), lambda_t))
-    return jax.lax.stop_gradient(targets), mask_t
 
 
 def q_loss(q_values: jax.Array, action: jax.Array, target: jax.Array, mask: jax.Array
@@ -73,13 +29,3 @@ def q_loss(q_values: jax.Array, action: jax.Array, target: jax.Array, mask: jax.
     q_taken = jnp.take_along_axis(q_values, action[:, None].astype(jnp.int32), -1)[:, 0]
     error = q_taken - jax.lax.stop_gradient(target)
     return 0.5 * jnp.sum(mask * error**2) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
-def linear_epsilon(env_steps: jax.Array, start: float, finish: float, decay_steps: int
-                   ) -> jax.Array:
-    """Epsilon after `env_steps` env steps: from `start` linearly to `finish` over
-    `decay_steps`, then `finish` (`finish` throughout when `decay_steps` is 0)."""
-    if decay_steps == 0:
-        return jnp.full_like(env_steps, finish, jnp.float32)
-    fraction = jnp.clip(env_steps.astype(jnp.float32) / decay_steps, 0.0, 1.0)
-    return start + fraction * (finish - start)
