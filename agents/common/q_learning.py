@@ -2,9 +2,8 @@
 "Simplifying Deep Temporal Difference Learning", https://arxiv.org/abs/2407.04811): Q(lambda)
 targets over an unroll, epsilon's linear schedule and epsilon-greedy acting.
 
-QMIX/VDN (agents/qmix) learn the team's Q with them; agents/pqn has its own copy of the same
-targets and schedule from before this module (the two are checked against one float64
-reference, tests/test_pqn.py and tests/test_qmix.py).
+PQN (agents/pqn) learns one agent's Q with them, QMIX/VDN (agents/qmix) the team's; both
+test them against a float64 recursion (tests/test_pqn.py, tests/test_qmix.py).
 """
 
 from __future__ import annotations
