@@ -11,6 +11,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trellis.agents.common.params import Params
 from trellis.builders.contract.config import AgentConfig
@@ -18,7 +19,7 @@ from trellis.builders.contract.hparams import array_module, learning_rate_factor
 
 __all__ = ["STATE_HPARAMS", "StateHyperParams", "TargetNetworkState", "TrainingState",
            "get_hparams", "importance_weights", "init_target_network_state",
-           "init_training_state", "learning_rate_factor", "make_optimizer",
+           "init_training_state", "learning_rate_factor", "make_optimizer", "minibatch_epochs",
            "scale_by_learning_rate_factor", "set_hparams", "set_learning_rate_factor",
            "with_learning_rate_factor", "without_learning_rate_factor"]
 
@@ -242,3 +243,54 @@ class StateHyperParams:
 
 
 STATE_HPARAMS = StateHyperParams()
+
+
+MinibatchLoss = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
+Epochs = Callable[[Any, Params, optax.OptState, jax.Array],
+                  tuple[Params, optax.OptState, dict[str, jax.Array]]]
+
+
+def minibatch_epochs(minibatch_loss: MinibatchLoss, optimizer: optax.GradientTransformation,
+                     num_minibatches: int, mesh: Mesh | None) -> Epochs:
+    """`epochs(transitions, params, opt_state, keys) -> (params, opt_state, metrics)`: one
+    pass per key over `transitions` (a pytree of [N, ...] arrays) in a fresh permutation,
+    split into `num_minibatches` minibatches with one optimizer step on `minibatch_loss`
+    each; the metrics (the loss's, with `loss` and `grad_norm`) are means over the steps.
+
+    With a `mesh`, each minibatch is sharded over its "data" axis: the steps run
+    data-parallel after the global shuffle, the same numbers on any device count. N must
+    divide into `num_minibatches` minibatches that divide over the mesh (the caller checks,
+    naming its agent's settings).
+    """
+
+    def sgd_step(carry: tuple[Params, optax.OptState], minibatch: Any
+                 ) -> tuple[tuple[Params, optax.OptState], dict[str, jax.Array]]:
+        params, opt_state = carry
+        (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
+            params, minibatch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+
+    def shard(x: jax.Array) -> jax.Array:
+        if mesh is None:
+            return x
+        spec = PartitionSpec(None, "data")  # [M, N / M, ...]: each minibatch split.
+        sharded: jax.Array = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return sharded
+
+    def epoch(transitions: Any, carry: tuple[Params, optax.OptState], key: jax.Array
+              ) -> tuple[tuple[Params, optax.OptState], dict[str, jax.Array]]:
+        order = jax.random.permutation(key, jax.tree.leaves(transitions)[0].shape[0])
+        minibatches = jax.tree.map(
+            lambda x: shard(x[order].reshape((num_minibatches, -1) + x.shape[1:])),
+            transitions)
+        return jax.lax.scan(sgd_step, carry, minibatches)
+
+    def epochs(transitions: Any, params: Params, opt_state: optax.OptState, keys: jax.Array
+               ) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
+        (params, opt_state), metrics = jax.lax.scan(
+            lambda carry, key: epoch(transitions, carry, key), (params, opt_state), keys)
+        return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+    return epochs

@@ -11,19 +11,18 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from trellis.agents.common import STATE_HPARAMS, Batch, scale_by_learning_rate_factor
 from trellis.agents.common.params import Params
 from trellis.agents.common.q_learning import linear_epsilon, q_lambda_targets
+from trellis.agents.common.training import minibatch_epochs
 from trellis.agents.pqn.config import PQNConfig
 from trellis.agents.pqn.losses import q_loss
 from trellis.agents.pqn.networks import PQNNetworks
 from trellis.builders.contract.agent import Training
 
 Metrics = dict[str, jax.Array]
-# An SGD step's carry: the params and the optimizer's state.
-Carry = tuple[Params, optax.OptState]
 
 
 @flax.struct.dataclass
@@ -124,28 +123,7 @@ def make_update(
         loss = q_loss(q_values, mb["action"], mb["target"], mb["mask"])
         return loss, {"q_mean": jnp.mean(q_values)}
 
-    def sgd_step(carry: Carry, mb: dict[str, jax.Array]) -> tuple[Carry, Metrics]:
-        params, opt_state = carry
-        (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(params, mb)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
-
-    def shard(x: jax.Array) -> jax.Array:
-        if mesh is None:
-            return x
-        spec = PartitionSpec(None, "data")  # [M, N / M, ...]: each minibatch split.
-        sharded: jax.Array = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-        return sharded
-
-    def epoch(transitions: dict[str, jax.Array], carry: Carry, key: jax.Array
-              ) -> tuple[Carry, Metrics]:
-        n = transitions["target"].shape[0]
-        order = jax.random.permutation(key, n)
-        minibatches = jax.tree.map(
-            lambda x: shard(x[order].reshape((num_minibatches, -1) + x.shape[1:])),
-            transitions)
-        return jax.lax.scan(sgd_step, carry, minibatches)
+    epochs = minibatch_epochs(minibatch_loss, optimizer, num_minibatches, mesh)
 
     def update(state: PQNState, batch: Batch) -> tuple[PQNState, Metrics]:
         steps = batch["reward"].shape[0] - 1
@@ -159,9 +137,7 @@ def make_update(
                 "num_minibatches or batch_size.")
         keys = jax.random.split(state.key, config.num_epochs + 1)
         transitions = make_transitions(config, batch)
-        (params, opt_state), metrics = jax.lax.scan(
-            functools.partial(epoch, transitions), (state.params, state.opt_state), keys[1:])
-        metrics = jax.tree.map(jnp.mean, metrics)
+        params, opt_state, metrics = epochs(transitions, state.params, state.opt_state, keys[1:])
         env_steps = state.env_steps + steps * num_envs
         metrics.update(target_mean=jnp.sum(transitions["target"] * transitions["mask"])
                        / jnp.maximum(jnp.sum(transitions["mask"]), 1.0),

@@ -13,12 +13,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from trellis.agents.common import STATE_HPARAMS, make_optimizer
 from trellis.agents.common.multi_agent import agent_metrics
 from trellis.agents.common.params import Params
 from trellis.agents.common.q_learning import linear_epsilon, q_lambda_targets
+from trellis.agents.common.training import minibatch_epochs
 from trellis.agents.qmix.config import QMIXConfig
 from trellis.agents.qmix.losses import chosen_q, team_q_loss, team_step
 from trellis.agents.qmix.networks import QMIXNetworks
@@ -27,8 +28,6 @@ from trellis.builders.contract.policy_mapping import unstack
 from trellis.envs.multi_agent import MultiAgentStep
 
 Metrics = dict[str, jax.Array]
-# An SGD step's carry: the params and the optimizer's state.
-Carry = tuple[Params, optax.OptState]
 
 
 @flax.struct.dataclass
@@ -151,28 +150,7 @@ def make_update(
         loss = team_q_loss(q_tot, mb["target"], mb["mask"])
         return loss, {"q_tot_mean": jnp.mean(q_tot)}
 
-    def sgd_step(carry: Carry, mb: Mapping[str, Any]) -> tuple[Carry, Metrics]:
-        params, opt_state = carry
-        (loss, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(params, mb)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
-
-    def shard(x: jax.Array) -> jax.Array:
-        if mesh is None:
-            return x
-        spec = PartitionSpec(None, "data")  # [M, N / M, ...]: each minibatch split.
-        sharded: jax.Array = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-        return sharded
-
-    def epoch(transitions: Mapping[str, Any], carry: Carry, key: jax.Array
-              ) -> tuple[Carry, Metrics]:
-        n = transitions["target"].shape[0]
-        order = jax.random.permutation(key, n)
-        minibatches = jax.tree.map(
-            lambda x: shard(x[order].reshape((num_minibatches, -1) + x.shape[1:])),
-            transitions)
-        return jax.lax.scan(sgd_step, carry, minibatches)
+    epochs = minibatch_epochs(minibatch_loss, optimizer, num_minibatches, mesh)
 
     def update(state: QMIXState, batch: Mapping[str, Any]) -> tuple[QMIXState, Metrics]:
         step: MultiAgentStep = batch["obs"]
@@ -187,9 +165,7 @@ def make_update(
                 "or batch_size.")
         keys = jax.random.split(state.key, config.num_epochs + 1)
         transitions = make_transitions(networks, config, state.params, batch)
-        (params, opt_state), metrics = jax.lax.scan(
-            functools.partial(epoch, transitions), (state.params, state.opt_state), keys[1:])
-        metrics = jax.tree.map(jnp.mean, metrics)
+        params, opt_state, metrics = epochs(transitions, state.params, state.opt_state, keys[1:])
         metrics.update(agent_metrics(step, networks.agents))
         metrics.update(target_mean=jnp.sum(transitions["target"] * transitions["mask"])
                        / jnp.maximum(jnp.sum(transitions["mask"]), 1.0),
