@@ -108,8 +108,8 @@ def test_a_bad_preset_through_run_py_is_one_line_and_exit_2():
                          cwd=REPO)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
-        "run.py: error: --preset must be one of auto, atari, mujoco, minatar, classic or none, "
-        "got 'atary'"]
+        "run.py: error: --preset must be one of auto, atari, mujoco, minatar, classic, "
+        "tic_tac_toe, connect_four or none, got 'atary'"]
 
 
 @pytest.mark.parametrize("argv,line", [

@@ -53,6 +53,8 @@ def owners(name):
 
 # Settings an agent's preset fixes: any other value is refused in one line (tested below).
 PINNED = {("iimpala", "core"), ("mappo", "normalize_observations"), ("mappo", "shared_torso")}
+# Settings whose other value needs others set with it (ExperimentConfig.check refuses it alone).
+COMPANIONS = {"learner_processes": {"unroll_queue": "replay", "learner_batch": "fixed"}}
 
 
 def _text(value):
@@ -91,7 +93,8 @@ def _same(a, b):
 @pytest.mark.parametrize("agent,cls,s", CASES, ids=IDS)
 def test_every_setting_is_settable_from_the_command_line(agent, cls, s):
     value = _other_value(s)
-    result = flags.parse([f"--agent={agent}", f"--{s.name}={_text(value)}"])
+    companions = [f"--{k}={v}" for k, v in COMPANIONS.get(s.name, {}).items()]
+    result = flags.parse([f"--agent={agent}", f"--{s.name}={_text(value)}", *companions])
     assert _same(_value_of(result, cls, s.name), value)
     assert result.options.agent == agent
 
@@ -107,7 +110,7 @@ def test_a_setting_a_preset_fixes_is_refused_in_one_line(agent, name):
 def test_every_setting_is_settable_from_a_config_file(agent, cls, s, tmp_path):
     value = _other_value(s)
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"agent": agent, s.name: value}))
+    path.write_text(json.dumps({"agent": agent, s.name: value, **COMPANIONS.get(s.name, {})}))
     result = flags.parse([f"--config={path}"])
     assert _same(_value_of(result, cls, s.name), value)
     assert result.options.agent == agent

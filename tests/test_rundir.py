@@ -217,19 +217,22 @@ def test_runs_started_in_the_same_second_get_a_directory_each(tmp_path, monkeypa
 
 @pytest.mark.parametrize("tool", ["run.py", "evaluate.py"])
 def test_corrupt_checkpoint_is_one_clear_error(run_dir, tmp_path, tool):
+    """evaluate.py's newest checkpoint corrupt; every checkpoint for --resume, which falls back
+    past a corrupt newest one (tests/test_preemption.py)."""
     broken = tmp_path / "broken"
     shutil.copytree(run_dir, broken)
     ckpt = broken / "checkpoints"
-    latest = max((d for d in os.listdir(ckpt) if d.isdigit()), key=int)
-    for root, _, names in os.walk(ckpt / latest / "state"):
-        for name in names:  # Garbage of the same size in every file of the state.
-            path = os.path.join(root, name)
-            size = os.path.getsize(path)
-            with open(path, "wb") as f:
-                f.write(os.urandom(max(size, 16)))
+    steps = sorted((d for d in os.listdir(ckpt) if d.isdigit()), key=int)
+    for step in steps if tool == "run.py" else steps[-1:]:
+        for root, _, names in os.walk(ckpt / step / "state"):
+            for name in names:  # Garbage of the same size in every file of the state.
+                path = os.path.join(root, name)
+                size = os.path.getsize(path)
+                with open(path, "wb") as f:
+                    f.write(os.urandom(max(size, 16)))
     flag = f"--resume={broken}" if tool == "run.py" else str(broken)
     out = script(tool, [flag], timeout=60)
-    _one_line_error(out, str(ckpt / latest))
+    _one_line_error(out, str(ckpt) if tool == "run.py" else str(ckpt / steps[-1]))
 
 
 def test_a_short_run_draws_its_learning_curve_from_many_points(tmp_path):

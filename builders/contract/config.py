@@ -307,7 +307,7 @@ class ExperimentConfig(Config):
     shutdown_timeout_s: float = setting(
         30.0, "seconds a stopping run (a signal, the budget, the return target) gives its nodes "
         "to end and the learner to write its final checkpoint; past them the nodes are killed "
-        "and the run exits with code 3 (docs/checkpoints.md)", gt=0)
+        "and the run exits with code 3 (docs/configuration.md)", gt=0)
     max_learner_restarts: int = setting(
         0, "times the learner node is restarted from its newest checkpoint after it dies (host "
         "platforms; env workers wait for it and reconnect); 0: its death stops the run", ge=0)
