@@ -37,7 +37,7 @@ AGENT_FLAGS = {
     **{agent: ["--env=Pendulum-v1"] for agent in ("d4pg", "ddpg", "mpo", "sac", "td3")},
     # Multi-agent: the JAX warehouses example (needs no extra), on anakin.
     **{agent: ["--platform=anakin", "--env=warehouses", "--unroll_length=8", "--batch_size=4",
-               "--num_minibatches=2"] for agent in ("ippo", "mappo")},
+               "--num_minibatches=2"] for agent in ("ippo", "mappo", "qmix", "vdn")},
     "iimpala": ["--platform=anakin", "--env=warehouses", "--batch_size=4"],
 }
 # The pyproject extra an agent's run needs beyond the base install, installed into the venv
