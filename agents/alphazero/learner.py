@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 import jax
@@ -16,6 +15,7 @@ from trellis.agents.common.params import Params, pure_apply
 from trellis.agents.common.training import (
     STATE_HPARAMS,
     TrainingState,
+    gradient_step,
     init_training_state,
     make_optimizer,
 )
@@ -41,12 +41,7 @@ def make_training(network: PolicyValueNet, spec: EnvSpec, config: AlphaZeroConfi
                 logits, value = pure_apply(network)(params, batch["obs"])
                 return alphazero_loss(logits, value, batch, config.value_cost)
 
-            (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-            params = jax.tree.map(lambda p, u: p + u, state.params, updates)
-            state = dataclasses.replace(state, params=params, opt_state=opt_state,
-                                        step=state.step + 1)
-            return state, {"loss": loss, **metrics}
+            return gradient_step(state, loss_fn, optimizer)
 
         return update
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -18,7 +19,7 @@ from trellis.builders.contract.config import AgentConfig
 from trellis.builders.contract.hparams import array_module, learning_rate_factor
 
 __all__ = ["STATE_HPARAMS", "StateHyperParams", "TargetNetworkState", "TrainingState",
-           "get_hparams", "importance_weights", "init_target_network_state",
+           "get_hparams", "gradient_step", "importance_weights", "init_target_network_state",
            "init_training_state", "learning_rate_factor", "make_optimizer", "minibatch_epochs",
            "scale_by_learning_rate_factor", "set_hparams", "set_learning_rate_factor",
            "with_learning_rate_factor", "without_learning_rate_factor"]
@@ -294,3 +295,16 @@ def minibatch_epochs(minibatch_loss: MinibatchLoss, optimizer: optax.GradientTra
         return params, opt_state, jax.tree.map(jnp.mean, metrics)
 
     return epochs
+
+
+def gradient_step(state: TrainingState,
+                  loss_fn: Callable[[Params], tuple[jax.Array, dict[str, jax.Array]]],
+                  optimizer: optax.GradientTransformation
+                  ) -> tuple[TrainingState, dict[str, jax.Array]]:
+    """One optimizer step of `state` on `loss_fn(params) -> (loss, metrics)`; the metrics
+    with `loss`. The params move by `p + u` (the update in the params' dtype)."""
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = jax.tree.map(lambda p, u: p + u, state.params, updates)
+    state = dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + 1)
+    return state, {"loss": loss, **metrics}
