@@ -75,7 +75,7 @@ def _learner_group(processes: int, timeout_s: float = 240) -> list[dict]:
         for i, child in enumerate(children):
             out, err = child.communicate(timeout=timeout_s)
             assert child.returncode == 0, f"process {i} failed:\n{err[-4000:]}"
-            results.append(json.loads(out.strip().splitlines()[-1]))
+            results.append({**json.loads(out.strip().splitlines()[-1]), "stderr": err})
     finally:
         for child in children:
             if child.poll() is None:
@@ -96,6 +96,9 @@ def test_two_learner_processes_give_one_process_params_on_the_same_global_batch(
         for a, b in zip(one["params"], result["params"], strict=True):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
         assert (result["stop"], result["go"], result["env_steps"]) == (True, False, 2**31 + 5)
+    for i, result in enumerate(two):  # Each process's own line once the group formed.
+        assert f"[learner] process {i} of 2 joined the learner group" in result["stderr"]
+        assert "(2 devices in all)" in result["stderr"]
     # A group of one: ready and not stopping itself, so it goes.
     assert (one["stop"], one["go"]) == (False, True)
     # The updates changed the params (the comparison is not of two inits).
@@ -201,7 +204,10 @@ def test_impala_trains_cartpole_with_a_two_process_learner_on_local_mp(tmp_path)
     s = summary(tmp_path)
     # The stop rule saw 150; the summary's window is the final snapshot's, a few episodes on.
     assert s["stopped_by"] == "return_target" and s["mean_return"] >= 120, s
-    assert "Rank 1 is connected" in out.stderr  # The group formed (gloo's line).
+    # The group formed: each process's own line, once its first collective went through.
+    for process in range(2):
+        assert f"[learner] process {process} of 2 joined the learner group" in out.stderr, (
+            out.stderr[-4000:])
 
 
 # Run in a fresh Python (tests/test_preemption.py's way): a local Ray cluster of two nodes,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -86,7 +87,8 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> Learner
     Returns once every process has joined and the group has agreed once: gloo connects the
     processes at their first collective and gives up if one comes 30 s after another
     (measured: jax 0.10.2), while later collectives wait for as long as it takes; here they
-    all come within moments of the join.
+    all come within moments of the join. Then each process says so in one line on stderr
+    ("[learner] process I of N joined the learner group at HOST:PORT (D devices in all)").
 
     Args:
       coordinator: "HOST:PORT" of the group's coordination service, served by process 0.
@@ -98,6 +100,10 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> Learner
                                initialization_timeout=JOIN_TIMEOUT_S)
     group = LearnerGroup(num_processes)
     group.agree(ready=True, stopping=False, env_steps=0)
+    # Past the first collective, so the line says the group works, in words of our own (gloo's
+    # and JAX's logs depend on their versions and log levels).
+    print(f"[learner] process {process_id} of {num_processes} joined the learner group at "
+          f"{coordinator} ({jax.device_count()} devices in all)", file=sys.stderr, flush=True)
     return group
 
 
