@@ -57,6 +57,18 @@ def _registry() -> types.ModuleType:
     return module
 
 
+def is_dm_control(env_id: str) -> bool:
+    """Whether `env_id` names a DeepMind Control Suite task of Playground
+    (`playground:CartpoleBalance`): their family has presets (launch/flags/presets.py); False
+    when playground is not installed (the env's own check says so)."""
+    if not env_id.startswith(PREFIX):
+        return False
+    try:
+        return env_id[len(PREFIX):] in _registry().dm_control_suite.ALL_ENVS
+    except PlaygroundUnavailableError:
+        return False
+
+
 @functools.cache
 def _environment(name: str) -> tuple[Any, int]:
     """Playground's env `name` on MJX's JAX physics and its episode length, built once per

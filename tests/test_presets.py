@@ -32,6 +32,7 @@ DOC = os.path.join(REPO, "docs", "presets.md")
 # An env of each family with presets, and the package it needs.
 FAMILY_ENVS = {"atari": ("envpool:Pong-v5", "envpool"), "mujoco": ("HalfCheetah-v5", "mujoco"),
                "minatar": ("minatar:Breakout", "minatar"),
+               "dmc": ("playground:CartpoleBalance", "mujoco_playground"),
                "tic_tac_toe": ("pgx:tic_tac_toe", "pgx"),
                "connect_four": ("pgx:connect_four", "pgx")}
 
@@ -66,7 +67,7 @@ def test_the_doc_tables_every_preset_setting_with_its_source():
     table = {(p, a, s): source for (p, a), values in documented().items()
              for s, (_, source) in values.items()}
     assert table == rows
-    assert {p for p, _ in documented()} == {"atari", "mujoco", "minatar", "tic_tac_toe",
+    assert {p for p, _ in documented()} == {"atari", "mujoco", "minatar", "dmc", "tic_tac_toe",
                                             "connect_four"}
     assert {a for p, a in documented() if p == "mujoco"} == {"sac", "td3", "d4pg", "mpo", "ppo"}
     assert all(source.strip() for source in rows.values())
@@ -77,8 +78,8 @@ def test_the_env_family_picks_the_preset_and_it_resolves_to_the_documented_setti
         preset, agent):
     env, package = FAMILY_ENVS[preset]
     pytest.importorskip(package)
-    # pgx's games are JAX programs: anakin only.
-    platform = ["--platform=anakin"] if env.startswith("pgx:") else []
+    # pgx's games and Playground's tasks are JAX programs: anakin only.
+    platform = ["--platform=anakin"] if env.startswith(("pgx:", "playground:")) else []
     run = flags.parse([f"--agent={agent}", f"--env={env}", *platform])
     assert run.options.preset == preset
     assert run.saved_options()["preset"] == preset  # What config.json records.
@@ -97,6 +98,28 @@ def test_the_env_family_picks_the_preset_and_it_resolves_to_the_documented_setti
 ])
 def test_env_family(env, family):
     assert env_family(env) == family
+
+
+@pytest.mark.parametrize("env,family", [
+    ("playground:CartpoleBalance", "dmc"), ("playground:HumanoidWalk", "dmc"),
+    ("playground:Go1JoystickFlatTerrain", None), ("playground:NoSuchTask", None),
+])
+def test_playgrounds_dm_control_suite_is_the_dmc_family(env, family):
+    pytest.importorskip("mujoco_playground")
+    assert env_family(env) == family
+
+
+def test_the_dmc_preset_names_its_source_and_the_settings_it_maps_approximately():
+    """PPO's dmc preset is Playground's published DM Control PPO settings (its file named for
+    each); the two that Trellis's anakin PPO can only approximate say so, and why."""
+    rows = {r.setting: r for r in preset_rows() if r.preset == "dmc" and r.agent == "ppo"}
+    playground = "mujoco_playground/config/dm_control_suite_params.py"
+    assert {s for s, r in rows.items() if playground in r.source} == {
+        "batch_size", "unroll_length", "num_epochs", "learning_rate", "entropy_cost",
+        "discount", "reward_scale", "normalize_observations", "total_env_steps"}
+    assert rows["num_minibatches"].value == 2 and rows["num_minibatches"].source.startswith(
+        "Trellis: one 2,048-env rollout per update")
+    assert rows["hidden_sizes"].source.startswith("Trellis: one width for both torsos")
 
 
 def test_classic_control_runs_on_every_agents_defaults():
@@ -149,9 +172,9 @@ def test_run_py_lists_the_presets():
 
 def test_an_unknown_preset_is_one_line():
     with pytest.raises(flags.UsageError) as raised:
-        flags.parse(["--preset=dmc"])
-    assert str(raised.value) == ("--preset must be one of auto, atari, mujoco, minatar, classic, "
-                                 "tic_tac_toe, connect_four or none, got 'dmc'")
+        flags.parse(["--preset=mpe"])
+    assert str(raised.value) == ("--preset must be one of auto, atari, mujoco, minatar, dmc, "
+                                 "classic, tic_tac_toe, connect_four or none, got 'mpe'")
 
 
 

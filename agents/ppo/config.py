@@ -154,3 +154,44 @@ MUJOCO = Preset(
         "hidden_sizes": (64, 64),
         "normalize_observations": True,  # gym.wrappers.NormalizeObservation.
     })
+
+
+# `--preset=dmc` (chosen by itself for Playground's DeepMind Control Suite tasks,
+# playground:CartpoleBalance ...; docs/presets.md says which settings map exactly): Playground's
+# published Brax PPO settings for the suite (Zakka et al., 2025; mujoco_playground 0.2.0,
+# config/dm_control_suite_params.py, brax_ppo_config), with Brax's PPO defaults where that file
+# sets nothing (brax/training/agents/ppo/train.py: clipping_epsilon, gae_lambda). Brax collects
+# batch_size x num_minibatches = 32,768 unrolls of 30 steps (16 rollouts of its 2,048 envs) per
+# update, then makes 16 epochs of 32 minibatches of 1,024 unrolls; Trellis's anakin PPO updates
+# on each rollout of its batch_size envs, so 2 minibatches of one 2,048-env rollout keep Brax's
+# minibatch (30,720 transitions), its epochs and its SGD steps per env step.
+_PLAYGROUND = ("Playground mujoco_playground/config/dm_control_suite_params.py "
+               "(brax_ppo_config)")
+_BRAX = "Brax brax/training/agents/ppo/train.py (train's defaults)"
+_APPROXIMATE = ("Trellis: one 2,048-env rollout per update, so 2 minibatches keep Playground's "
+                "minibatch of 1,024 unrolls x 30 and its SGD steps per env step (its 32 "
+                "minibatches are of 16 rollouts)")
+DMC = Preset(
+    source=_PLAYGROUND,
+    settings={
+        "batch_size": 2048,  # num_envs (anakin: the envs of a member).
+        "unroll_length": 30,
+        "num_epochs": 16,  # num_updates_per_batch.
+        "num_minibatches": 2,
+        "learning_rate": 1e-3,
+        "entropy_cost": 1e-2,
+        "discount": 0.995,  # discounting.
+        "reward_scale": 10.0,  # reward_scaling.
+        "normalize_observations": True,
+        "clip_epsilon": 0.3,  # clipping_epsilon.
+        "gae_lambda": 0.95,
+        "hidden_sizes": (256, 256),
+        "total_env_steps": 60_000_000,  # num_timesteps.
+    },
+    sources={
+        "num_minibatches": _APPROXIMATE,
+        "clip_epsilon": _BRAX,
+        "gae_lambda": _BRAX,
+        "hidden_sizes": ("Trellis: one width for both torsos (Brax's policy is 32 x 4, its "
+                         "value 256 x 5, swish; Trellis's MLP torso is tanh)"),
+    })

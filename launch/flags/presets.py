@@ -21,6 +21,7 @@ from trellis.envs.atari import is_atari_factory
 from trellis.envs.gymnax_envs import PREFIX as GYMNAX_PREFIX
 from trellis.envs.minatar_envs import PREFIX as MINATAR_PREFIX
 from trellis.envs.pgx_envs import PREFIX as PGX_PREFIX
+from trellis.envs.playground_envs import is_dm_control
 from trellis.launch.flags.values import AUTO, UsageError, shown
 
 ATARI, CLASSIC = "atari", "classic"
@@ -30,6 +31,8 @@ FAMILIES = {
     "mujoco": "HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5, Humanoid-v5 (Gymnasium's MuJoCo "
               "envs)",
     "minatar": "minatar:Breakout, gymnax:Breakout-MinAtar (MinAtar's 10 x 10 games)",
+    "dmc": "playground:CartpoleBalance, playground:HumanoidWalk (Playground's DeepMind Control "
+           "Suite tasks)",
     CLASSIC: "CartPole-v1, Pendulum-v1, gymnax:CartPole-v1 (Gymnasium's classic control: every "
              "agent's own defaults, tuned there)",
     # A pgx game is a family of its own: what a game needs differs from game to game.
@@ -60,12 +63,15 @@ def _gymnasium_family(env_id: str) -> str | None:
 def env_family(env: str) -> str | None:
     """The family of env id `env` that has a preset (a key of `FAMILIES`), or None: an Atari
     game (ALE's or envpool's), a MinAtar game (MinAtar's or gymnax's), a Gymnasium MuJoCo or
-    classic control env (gymnax's classic control too), a pgx game that has presets (its own
-    family). An id that names no env has none (the env's own check says what is wrong)."""
+    classic control env (gymnax's classic control too), a DeepMind Control Suite task of
+    Playground, a pgx game that has presets (its own family). An id that names no env has none
+    (the env's own check says what is wrong)."""
     if env.startswith(MINATAR_PREFIX) or (env.startswith(GYMNAX_PREFIX) and "MinAtar" in env):
         return "minatar"
     if env.startswith(GYMNAX_PREFIX):
         return _gymnasium_family(env.removeprefix(GYMNAX_PREFIX))
+    if is_dm_control(env):
+        return "dmc"
     if env.startswith(PGX_PREFIX):
         game = env.removeprefix(PGX_PREFIX)
         return game if game in FAMILIES else None
