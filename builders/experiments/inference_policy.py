@@ -48,6 +48,18 @@ def _act_with_state(policy: Policy, params: Any, key: jax.Array, count: np.uint3
     return actions, extras, state, rows
 
 
+def _fetch(outputs: Tree, on_host: bool) -> Any:
+    """`outputs` as numpy arrays. Arrays on a CPU device already are in host memory: there
+    `jax.device_get`'s asynchronous copy of each leaf only costs (about 10 us of the serving
+    thread per leaf, a quarter of its host work on CartPole, 2026-11-29); elsewhere every
+    leaf's copy starts before the first is awaited, so the transfers overlap."""
+    leaves, tree = jax.tree.flatten(outputs)
+    if not on_host:
+        for leaf in leaves:
+            leaf.copy_to_host_async()
+    return jax.tree.unflatten(tree, [np.asarray(leaf) for leaf in leaves])
+
+
 def _reset_rows(state: State, initial: State, slots: jax.Array) -> State:
     """`state` with the rows `slots` back at their initial values."""
     return {name: s.at[slots].set(initial[name][slots]) for name, s in state.items()}
@@ -74,6 +86,7 @@ class BatchedPolicy:
         self._count = 0  # Batches served: folded into the key.
         self._num_workers = num_workers
         self._k = envs_per_worker
+        self._on_host = jax.devices()[0].platform == "cpu"  # Where the policy's outputs are.
         # The state lives on the device; each step donates its buffers to the next.
         self._initial = {name: jax.device_put(v) for name, v in initial_state.items()}
         self._state = {name: v.copy() for name, v in self._initial.items()}
@@ -107,8 +120,9 @@ class BatchedPolicy:
         count = np.uint32(self._count & 0xFFFFFFFF)  # Distinct keys for 2^32 batches.
         self._count += 1
         if not self._state:
-            outputs = self._act(params, self._key, count, obs, first)
-            return *jax.device_get(outputs), None
+            actions, extras = _fetch(self._act(params, self._key, count, obs, first),
+                                     self._on_host)
+            return actions, extras, None
         k = self._k
         slots = np.full(len(first), self._num_workers * k, np.int32)
         for i, request in enumerate(batch):
@@ -118,4 +132,5 @@ class BatchedPolicy:
                 self._state = self._reset(self._state, self._initial, worker_slots)
         actions, extras, self._state, rows = self._act(
             params, self._key, count, obs, first, slots, self._state)
-        return *jax.device_get((actions, extras)), rows
+        actions, extras = _fetch((actions, extras), self._on_host)
+        return actions, extras, rows
