@@ -11,7 +11,7 @@ final checkpoint) M minutes after its launch, imports and compilation included (
 first metrics record, if its start-up took longer), or ends first at its env-step budget where
 `--total_env_steps` or the preset gives one it reaches (tic-tac-toe's: 300k moves); the
 checkpoint's search then plays `--games` games against each baseline of
-agents/alphazero/baselines.py (random, roll-out MCTS with --mcts_simulations, minimax on
+agents/common/baselines.py (random, roll-out MCTS with --mcts_simulations, minimax on
 tic-tac-toe), half of them moving first; against minimax it also follows every line of
 minimax's optimal moves from both sides (`baselines.minimax_lines`: exact, where 100 games
 sample). Prints a line per baseline, then one JSON line: {"vs_minimax": {"win", "draw",
@@ -33,7 +33,7 @@ import jax
 from common import child_process
 
 from trellis.agents.alphazero import AlphaZeroBuilder
-from trellis.agents.alphazero.baselines import minimax_lines
+from trellis.agents.common.baselines import minimax_lines
 from trellis.agents.muzero import MuZeroBuilder
 from trellis.builders.experiments.rundir import read_json
 from trellis.builders.experiments.self_play_run import outcome_rates, restore_params

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from trellis.agents.alphazero.config import AlphaZeroConfig
-from trellis.agents.alphazero.extra import missing_search_extra
+from trellis.agents.common.self_play_config import missing_search_extra
 from trellis.launch import run as run_py
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +58,7 @@ def test_alphazero_builder_without_mctx_names_the_extra():
     """What agents/alphazero/__init__.py exports as its Builder when mctx is missing."""
     with pytest.raises(ValueError, match=r"^--agent=alphazero needs the search extra \(mctx "
                                          r"is not installed\): pip install -e '\.\[search\]'$"):
-        missing_search_extra("mctx")(AlphaZeroConfig())
+        missing_search_extra("mctx", "alphazero")(AlphaZeroConfig())
 
 
 def test_evaluating_an_alphazero_run_without_the_search_extra(monkeypatch, capsys, tmp_path):
@@ -71,7 +71,7 @@ def test_evaluating_an_alphazero_run_without_the_search_extra(monkeypatch, capsy
     (tmp_path / "config.json").write_text(json.dumps({"command_line": {
         "agent": "alphazero", "env": "pgx:tic_tac_toe", "platform": "anakin"},
         "experiment": {}, "agent_config": {}}))
-    monkeypatch.setattr(alphazero, "Builder", missing_search_extra("mctx"))
+    monkeypatch.setattr(alphazero, "Builder", missing_search_extra("mctx", "alphazero"))
     assert evaluate.main([str(tmp_path)]) == 2
     _assert_one_line(2, capsys.readouterr().err, "evaluate.py: error: --agent=alphazero needs "
                      "the search extra (mctx is not installed)")

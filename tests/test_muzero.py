@@ -10,7 +10,7 @@ import numpy as np
 import pgx
 import pytest
 
-from trellis.agents.alphazero import baselines
+from trellis.agents.common import baselines
 from trellis.agents.muzero import MuZeroBuilder, MuZeroConfig
 from trellis.agents.muzero.losses import muzero_loss, scale_gradient, unroll_targets
 from trellis.agents.muzero.search import make_recurrent_fn, make_search

@@ -8,13 +8,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trellis.agents.alphazero.baselines import Player, make_search_match
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.learner import make_training
 from trellis.agents.alphazero.networks import PolicyValueNet, make_networks
-from trellis.agents.alphazero.search import Games, make_search, masked_logits
-from trellis.agents.alphazero.self_play import SelfPlayLoop, make_self_play
+from trellis.agents.alphazero.search import make_search
+from trellis.agents.alphazero.self_play import make_self_play
+from trellis.agents.common.baselines import Player, make_search_match
 from trellis.agents.common.params import Params
+from trellis.agents.common.self_play import Games, SelfPlayLoop, masked_logits
 from trellis.builders.contract.agent import SELF_PLAY, Capabilities, Policy, State, Training
 from trellis.builders.contract.self_play import Match
 from trellis.envs.specs import EnvSpec
@@ -56,14 +57,14 @@ class AlphaZeroBuilder:
 
     def make_search_player(self, networks: PolicyValueNet, env: Any, params: Params) -> Player:
         """`player(key, games) -> action` searching with `params`, without exploration noise
-        (agents/alphazero/baselines.py plays it against the baselines)."""
+        (agents/common/baselines.py plays it against the baselines)."""
         search = make_search(env, networks, self.config, evaluation=True)
         return lambda key, games: jnp.asarray(search(params, key, games).action)
 
     def make_match(self, networks: PolicyValueNet, env: Any, opponent: str,
                    num_games: int) -> Match:
         """`play(params, key) -> outcomes [num_games]` (1, 0, -1): the search (no noise)
-        against the baseline `opponent` (agents/alphazero/baselines.py), half moving first.
+        against the baseline `opponent` (agents/common/baselines.py), half moving first.
 
         Raises:
           ValueError: an unknown baseline, or one that does not play this game.
@@ -77,6 +78,6 @@ class AlphaZeroBuilder:
 
     def make_self_play(self, networks: PolicyValueNet, spec: EnvSpec, env: Any
                        ) -> SelfPlayLoop:
-        """Self-play, replay and learning in one pure function
-        (agents/alphazero/self_play.py)."""
+        """Self-play, replay and learning in one pure function (agents/alphazero/self_play.py
+        on agents/common/self_play.py's loop)."""
         return make_self_play(env, networks, self.make_training(networks, spec), self.config)

@@ -5,7 +5,10 @@
   `STATE_HPARAMS`, which an agent's `Training` passes on to the experiment layer);
 - `learners`: the host shells that run a pure update on a device mesh (`DataParallelLearner`,
   and `ReplayLearner` over the n-step transitions of `replay`);
-- `builder`: `AgentBuilder`, the base of every builder.
+- `builder`: `AgentBuilder`, the base of every builder;
+- `self_play_config`, `self_play`, `baselines`: the self-play search agents' (AlphaZero's,
+  MuZero's) settings, loop and players to measure them against; the last two need the
+  `search` extra (mctx), so they are imported from their modules, not from here.
 
 A new agent is its networks, losses and update, and a short `AgentBuilder` subclass
 (notebooks/custom_agent.ipynb).

@@ -1,11 +1,15 @@
 """MuZero (Schrittwieser et al., 2020): a learned model searched by mctx, trained by self-play
 on pgx's two-player games."""
 
-from trellis.agents.alphazero.extra import SEARCH_PACKAGES, missing_search_extra
-from trellis.agents.muzero.config import PLATFORM_DEFAULTS, MuZeroConfig
+from trellis.agents.common.self_play_config import (
+    PLATFORM_DEFAULTS,
+    SEARCH_PACKAGES,
+    missing_search_extra,
+)
+from trellis.agents.muzero.config import MuZeroConfig
 
 # The names agents/registry.py looks up. Without the search extra, Builder is a stand-in that
-# says what to install when built (agents/alphazero/extra.py).
+# says what to install when built (agents/common/self_play_config.py).
 Config = MuZeroConfig
 try:
     from trellis.agents.muzero.builder import MuZeroBuilder

@@ -1,5 +1,5 @@
 """MuZero builder: the one place that wires the learned model, its search, the learning and
-AlphaZero's self-play loop."""
+the self-play loop (agents/common/self_play.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trellis.agents.alphazero.baselines import Player, make_search_match
-from trellis.agents.alphazero.search import Games, masked_logits
-from trellis.agents.alphazero.self_play import SelfPlayLoop
+from trellis.agents.common.baselines import Player, make_search_match
 from trellis.agents.common.params import Params, pure_apply
+from trellis.agents.common.self_play import Games, SelfPlayLoop, masked_logits
 from trellis.agents.muzero.config import MuZeroConfig
 from trellis.agents.muzero.learner import make_training
 from trellis.agents.muzero.networks import MuZeroNet, make_networks
@@ -60,7 +59,7 @@ class MuZeroBuilder:
 
     def make_search_player(self, networks: MuZeroNet, env: Any, params: Params) -> Player:
         """`player(key, games) -> action` searching the model with `params`, without
-        exploration noise (played against agents/alphazero/baselines.py's baselines)."""
+        exploration noise (played against agents/common/baselines.py's baselines)."""
         del env  # The model is the search's game.
         search = make_search(networks, self.config, evaluation=True)
         return lambda key, games: jnp.asarray(search(params, key, games).action)

@@ -1,29 +1,27 @@
-"""MuZero configuration: AlphaZero's settings (self-play, search, replay, evaluation games)
-and those of the learned model."""
+"""MuZero configuration: the self-play settings AlphaZero has too (self-play, search, replay,
+evaluation games: agents/common/self_play_config.py) and those of the learned model."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from trellis.agents.alphazero.config import AlphaZeroConfig
+from trellis.agents.common.self_play_config import SelfPlayConfig
 from trellis.builders.contract.config import setting
-
-# As AlphaZero's: a compiled call is one self-play iteration (agents/alphazero/config.py).
-PLATFORM_DEFAULTS = {"anakin": {"updates_per_call": 1}}
 
 
 @dataclasses.dataclass(frozen=True)
-class MuZeroConfig(AlphaZeroConfig):
+class MuZeroConfig(SelfPlayConfig):
     """Hyper-parameters of MuZero (Schrittwieser et al., 2020, "Mastering Atari, Go, chess and
     shogi by planning with a learned model") on a two-player pgx game.
 
-    Self-play, search, replay and evaluation games are AlphaZero's settings; the search steps
-    the learned model instead of the game. The model: `hidden_sizes` for each of the
-    representation, dynamics and prediction networks, a latent state of `latent_size` units
-    min-max scaled to [0, 1] (the paper's appendix G). Learning unrolls the model
-    `num_unroll_steps` moves from each sampled position (the paper's K = 5), each step's loss
-    gradient scaled by 1 / K and the latent's gradient by `dynamics_grad_scale` (0.5) where
-    it enters the dynamics (the paper's pseudocode, `scale_gradient`).
+    Self-play, search, replay and evaluation games are `SelfPlayConfig`'s settings, as
+    AlphaZero's; the search steps the learned model instead of the game. The model:
+    `hidden_sizes` for each of the representation, dynamics and prediction networks, a latent
+    state of `latent_size` units min-max scaled to [0, 1] (the paper's appendix G). Learning
+    unrolls the model `num_unroll_steps` moves from each sampled position (the paper's K = 5),
+    each step's loss gradient scaled by 1 / K and the latent's gradient by
+    `dynamics_grad_scale` (0.5) where it enters the dynamics (the paper's pseudocode,
+    `scale_gradient`).
     """
 
     latent_size: int = setting(64, "units of the model's latent state", ge=1)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trellis.agents.alphazero.losses import value_targets
+from trellis.agents.common.self_play import value_targets
 
 
 def unroll_targets(action: jax.Array, policy: jax.Array, rewards: jax.Array,
@@ -26,7 +26,7 @@ def unroll_targets(action: jax.Array, policy: jax.Array, rewards: jax.Array,
                    ) -> dict[str, jax.Array]:
     """The K-step targets of the first T of 2T consecutive moves of games side by side.
 
-    As in `agents.alphazero.losses.value_targets`, a game that ends at move t is followed at
+    As in `agents.common.self_play.value_targets`, a game that ends at move t is followed at
     t + 1 by a new one, and a position whose game has not ended within the 2T moves has no
     target yet (weight 0); a game no longer than T moves ends within them.
 

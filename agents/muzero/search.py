@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import mctx
 
-from trellis.agents.alphazero.search import Games, Search, SearchOutput, masked_logits, run_search
 from trellis.agents.common.params import Params, pure_apply
+from trellis.agents.common.self_play import Games, Search, SearchOutput, masked_logits, run_search
 from trellis.agents.muzero.config import MuZeroConfig
 from trellis.agents.muzero.networks import MuZeroNet
 
@@ -40,7 +40,7 @@ def make_recurrent_fn(network: MuZeroNet) -> mctx.RecurrentFn:
 def make_search(network: MuZeroNet, config: MuZeroConfig, evaluation: bool = False) -> Search:
     """`search(params, key, games) -> mctx.PolicyOutput` for a batch of pgx states, the tree
     over the learned model from each game's observation (exploration as
-    `agents.alphazero.search.run_search`)."""
+    `agents.common.self_play.run_search`)."""
     recurrent_fn = make_recurrent_fn(network)
 
     def search(params: Params, key: jax.Array, games: Games) -> SearchOutput:

@@ -1,5 +1,5 @@
-"""MuZero's self-play: AlphaZero's loop (agents/alphazero/self_play.py: games side by side on
-the device, replay, SGD in one jitted call) with the search over the learned model and
+"""MuZero's self-play: the shared loop (agents/common/self_play.py: games side by side on the
+device, replay, SGD in one jitted call) with the search over the learned model and
 positions that hold their K-step targets (`losses.unroll_targets`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from trellis.agents.alphazero.self_play import (
+from trellis.agents.common.self_play import (
     Moves,
     Positions,
     SelfPlayLoop,
@@ -23,7 +23,7 @@ from trellis.builders.contract.agent import Training
 
 def make_positions(num_unroll_steps: int) -> Positions:
     """`positions(moves [2T, B], valid)`: the replay's items of the first T moves, their
-    observation and K-step targets (`agents.alphazero.self_play.Positions`)."""
+    observation and K-step targets (`agents.common.self_play.Positions`)."""
 
     def positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
         targets = unroll_targets(moves.action, moves.policy, moves.rewards, moves.terminated,

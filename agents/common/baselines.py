@@ -1,4 +1,5 @@
-"""Players to measure AlphaZero against, and matches between two players.
+"""Players to measure the self-play agents (AlphaZero, MuZero) against, and matches between
+two players.
 
 A player is `player(key, state) -> action[B]` on a batch of pgx states (pure, jittable):
 
@@ -24,8 +25,8 @@ import jax.numpy as jnp
 import mctx
 import numpy as np
 
-from trellis.agents.alphazero.search import Games, masked_logits
 from trellis.agents.common.params import Params
+from trellis.agents.common.self_play import Games, masked_logits
 
 Player = Callable[[jax.Array, Games], jax.Array]
 # A while loop's carry over games being played: (key, the games, the outcome so far [B]).
