@@ -6,7 +6,7 @@ Each call is one compiled call of the agent's `iterate` (its `make_self_play`): 
 all games chosen by the search, positions into the replay on the device, SGD steps. Every
 `eval_every_updates` SGD steps (and once at the start of a session) the agent's search plays
 `eval_games` games against the agent's `eval_opponent` (the builder's `make_match`; AlphaZero's
-baselines are agents/alphazero/baselines.py), half with each side moving first;
+baselines are agents/common/baselines.py), half with each side moving first;
 metrics.jsonl gets the win, draw and loss rates, and the games' outcomes (1, 0, -1 for the
 agent) are the run's episode returns, so `mean_return`, the learning curve and
 `--stop_at_return` speak of the score against the baseline.
@@ -47,7 +47,8 @@ def _check(builder: SelfPlayAgent, settings: Platform) -> None:
                           "--platform=anakin")
     if settings.num_seeds != 1 or settings.pbt is not None:
         raise AnakinError(f"{type(builder).__name__} trains one member: --num_seeds=1, no --pbt")
-    if settings.updates_per_call != 1:  # agents/alphazero/config.py's PLATFORM_DEFAULTS: why.
+    # agents/common/self_play_config.py's PLATFORM_DEFAULTS says why.
+    if settings.updates_per_call != 1:
         raise AnakinError(f"{type(builder).__name__}'s compiled call is one self-play iteration "
                           "(--updates_per_iteration sets its SGD steps): --updates_per_call "
                           f"must be 1, got {settings.updates_per_call}")
