@@ -1,8 +1,9 @@
 """Runs that survive preemption and loss (issue 48, item 6), through launch/run.py on local_mp:
-SIGTERM keeps a final checkpoint within `--shutdown_timeout_s` (else exit code 3 and one line
-saying so), a resume falls back past an unreadable newest checkpoint with one warning line, and
-a learner whose process is killed is restarted from its newest checkpoint
-(`--max_learner_restarts`) while the env workers reconnect."""
+SIGTERM, to the launcher or to every process of the run, keeps a final checkpoint within
+`--shutdown_timeout_s` (else exit code 3 and one line saying so), a resume falls back past an
+unreadable newest checkpoint with one warning line, and a learner whose process is killed is
+restarted from its newest checkpoint (`--max_learner_restarts`) while the env workers
+reconnect."""
 
 import json
 import os
@@ -62,9 +63,11 @@ def _wait_for(condition, proc, timeout_s, what):
     assert proc.poll() is None and condition(), f"not {what} in {timeout_s} s"
 
 
-def _start(args):
+def _start(args, session=False):
+    """run.py with `args`; with `session`, in a session (and process group) of its own, which
+    its node processes join, as a job's processes under a scheduler."""
     return subprocess.Popen(RUN + BASE + args, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=session)
 
 
 def _finish(proc, timeout_s):
@@ -76,28 +79,44 @@ def _finish(proc, timeout_s):
             proc.communicate()
 
 
-def _interrupted_run(run_dir, shutdown_timeout_s):
-    """A run stopped by SIGTERM once it has checkpointed mid-run: (its end's seconds after the
-    signal, the signal's time, the env steps recorded before it, exit code, stderr)."""
+def _interrupted_run(run_dir, shutdown_timeout_s, whole_group=False):
+    """A run stopped by SIGTERM once it has checkpointed mid-run, sent to the launcher, or
+    with `whole_group` to every process of its group (as SLURM's scancel or a pod's stop do):
+    (its end's seconds after the signal, the signal's time, the env steps recorded before it,
+    exit code, stderr, the launcher's descendants at the signal)."""
     proc = _start(["--stop_at_return=none", "--total_env_steps=100000000",
-                   f"--shutdown_timeout_s={shutdown_timeout_s}", f"--logdir={run_dir}"])
+                   f"--shutdown_timeout_s={shutdown_timeout_s}", f"--logdir={run_dir}"],
+                  session=whole_group)
     try:
         # Training (past the compiles), so that env steps follow the last timed checkpoint.
         _wait_for(lambda: _env_steps(run_dir) > 5000 and _steps(run_dir), proc, 180,
                   "training")
+        below = processes.descendants(proc.pid)
         before, signalled = _env_steps(run_dir), time.time()
         start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=shutdown_timeout_s + 30)
     finally:
         _finish(proc, 10)
-    return time.monotonic() - start, signalled, before, proc.returncode, stderr
+    return time.monotonic() - start, signalled, before, proc.returncode, stderr, below
+
+
+def _alive(pid):
+    """Whether process `pid` runs (a zombie has ended; its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_sigterm_keeps_a_final_checkpoint_within_the_bound_and_resume_goes_on(tmp_path):
     run_dir = str(tmp_path / "run")
     bound = 30.0
-    took, signalled, before, code, stderr = _interrupted_run(run_dir, bound)
+    took, signalled, before, code, stderr, _ = _interrupted_run(run_dir, bound)
     # The bound is the nodes'; the summary and learning curve follow (a few seconds on 2 cores).
     assert code == 130 and took < bound, (took, stderr)
     s = _summary(run_dir)
@@ -112,6 +131,29 @@ def test_sigterm_keeps_a_final_checkpoint_within_the_bound_and_resume_goes_on(tm
     assert resumed["resumed_from_env_steps"] == newest and resumed["env_steps"] >= newest + 2000
 
 
+def test_sigterm_to_every_process_of_the_run_ends_as_sigterm_to_the_launcher(tmp_path):
+    """SLURM's scancel, a pod's stop and `kill -TERM -PGID` signal the node processes as well
+    as the launcher: the nodes leave it to the launcher, so the learner still writes the final
+    checkpoint, the run exits 130 within the bound, and none of its processes is left."""
+    run_dir = str(tmp_path / "run")
+    bound = 30.0
+    took, signalled, before, code, stderr, below = _interrupted_run(run_dir, bound,
+                                                                     whole_group=True)
+    assert code == 130 and took < bound, (took, stderr)
+    s = _summary(run_dir)
+    newest = _steps(run_dir)[-1]
+    assert s["stopped_by"] == "signal" and newest == s["env_steps"] >= before, (s, stderr)
+    assert os.path.getmtime(os.path.join(run_dir, "checkpoints", str(newest))) >= signalled
+    assert "exited unexpectedly" not in stderr, stderr  # No node died of the signal.
+    # The nodes, the fork server and the resource tracker: gone with the launcher, or moments
+    # after it (the fork server notices its end).
+    assert len(below) >= 4, below  # At least the learner's and the two env workers' nodes.
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in below) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in below if _alive(pid)], stderr
+
+
 def test_nodes_past_the_stop_bound_are_named_in_the_result():
     program = runtime.Program("bound")
     program.add_node(runtime.PyNode(nodes.print_pid_and_ignore_the_stop), label="stuck")
@@ -121,14 +163,14 @@ def test_nodes_past_the_stop_bound_are_named_in_the_result():
     start = time.monotonic()
     result = running.stop()
     assert result.stopped_by == "signal" and result.forced == ("stuck",)
-    assert time.monotonic() - start < 5.0  # The bound, then SIGTERM and SIGKILL 1 s later.
+    assert time.monotonic() - start < 5.0  # The bound, then SIGKILL.
 
 
 @pytest.mark.slow
 def test_shutdown_past_the_bound_exits_3_saying_the_checkpoint_is_lost(tmp_path):
     # A bound no learner meets: it is killed, and the run says so in its own line and code.
     run_dir = str(tmp_path / "run")
-    _, _, _, code, stderr = _interrupted_run(run_dir, 0.001)
+    _, _, _, code, stderr, _ = _interrupted_run(run_dir, 0.001)
     assert code == 3, stderr
     lines = [line for line in stderr.splitlines() if "final checkpoint was not written" in line]
     assert len(lines) == 1 and "--shutdown_timeout_s=0.001" in lines[0], stderr

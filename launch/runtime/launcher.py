@@ -312,9 +312,9 @@ def launch(
       block: wait until the program stops and return its `LaunchResult`; if False, return a
         `RunningProgram` at once.
       stop_timeout_s: when stopping, how long nodes get to return after the stop event is set.
-        Processes still alive then get SIGTERM, and SIGKILL 1 s later; threads cannot be
-        killed and are left behind with a warning. Either way the result names them
-        (`LaunchResult.forced`).
+        Processes still alive then are killed (local_mp's with SIGKILL: they ignore SIGTERM);
+        threads cannot be killed and are left behind with a warning. Either way the result
+        names them (`LaunchResult.forced`).
       **platform_options: passed to the platform's backend, e.g. `ray_address="auto"` on ray.
 
     Returns:

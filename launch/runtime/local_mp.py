@@ -17,8 +17,11 @@ on all status pipes and process sentinels at once, so a message or a death is no
 A process that dies without reporting is an error of its node.
 
 Child side (`child_main`): take the launcher's environment and the group's priority, ignore
-SIGINT and SIGQUIT (Ctrl-C and Ctrl-\\ reach the whole process group; the launcher coordinates
-the stop), exit when the lifeline ends (the launcher is gone), serve, run, report.
+SIGINT, SIGQUIT and SIGTERM (Ctrl-C and Ctrl-\\ reach the whole process group, and so does a
+scheduler's SIGTERM: SLURM's scancel, a pod's stop, `kill -TERM -PGID`; the launcher
+coordinates the stop, so the learner writes its final checkpoint), exit when the lifeline ends
+(the launcher is gone), serve, run, report. The fork server, started with them blocked, keeps
+them blocked: it outlives such a signal too (its death would read as every node's).
 
 A node the launcher restarts gets a new process from its kept payload, at the same address (the
 old process is gone first, so its port can be bound again).
@@ -39,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing import reduction
+from multiprocessing import reduction, resource_tracker
 from typing import Any
 
 from trellis.launch.runtime import program as program_lib
@@ -48,9 +51,12 @@ from trellis.launch.runtime.node_context import NodeContext, Status
 
 _HOST = "127.0.0.1"
 _SECRET_BYTES = 32
-_TERMINATE_WAIT_S = 1.0
-# Signals a terminal sends to its whole foreground process group: nodes leave them to the launcher.
-_GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+# How long a restarted node's old process gets to exit by itself before it is killed.
+_EXIT_WAIT_S = 1.0
+# Signals sent to a whole process group (a terminal's Ctrl-C and Ctrl-\, a scheduler's or a
+# container's SIGTERM to every process of a job): nodes leave them to the launcher, which stops
+# the program as it does when it alone gets one.
+_GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
 
 
 @dataclasses.dataclass
@@ -103,7 +109,7 @@ class Backend:
         old = self._children[index]
         # The old process reported its error and is exiting, or is dead already; it must be
         # gone before the new one binds the node's port.
-        old.process.join(_TERMINATE_WAIT_S)
+        old.process.join(_EXIT_WAIT_S)
         if old.process.is_alive():
             old.process.kill()
             old.process.join()
@@ -131,7 +137,11 @@ class Backend:
             name=f"trellis:{node.label}",
         )
         # The fork server, started by the first start, and through it every node process
-        # start with the signals blocked too.
+        # start with the signals blocked too. multiprocessing's resource tracker, which the
+        # first start would start, unblocks SIGINT and SIGTERM in the calling thread when it
+        # starts (it blocks them around its spawn, then unblocks instead of restoring): it is
+        # started before, so that the fork server does not die of a SIGTERM sent to the group.
+        resource_tracker.ensure_running()
         try:
             with _blocking(_GROUP_SIGNALS):
                 process.start()
@@ -211,16 +221,13 @@ class Backend:
         stuck = [c for c in self._children if c.process.is_alive()]
         if stuck:
             print(
-                f"[launch] terminating node(s) that did not stop within {timeout_s:g} s: "
+                f"[launch] killing node(s) that did not stop within {timeout_s:g} s: "
                 f"{', '.join(c.label for c in stuck)}",
                 file=sys.stderr,
                 flush=True,
             )
-        for child in stuck:
-            child.process.terminate()
-        deadline = time.monotonic() + _TERMINATE_WAIT_S
-        for child in stuck:
-            child.process.join(max(0.0, deadline - time.monotonic()))
+        # SIGKILL at once: nodes ignore SIGTERM (`_GROUP_SIGNALS`), and without a handler of
+        # its own a process ends on SIGTERM no more cleanly than on SIGKILL.
         for child in self._children:
             if child.process.is_alive():
                 child.process.kill()
