@@ -18,6 +18,9 @@ import numpy as np
 import pytest
 
 import trellis
+from trellis.agents import registry
+from trellis.agents.ppo.builder import PPOBuilder
+from trellis.agents.ppo.config import A2CConfig
 from trellis.launch import evaluate
 from trellis.launch.flags import UsageError
 from trellis.launch.loaded_policy import FUNCTION_FILE, SPEC_FILE, LoadError
@@ -180,6 +183,52 @@ def test_train_takes_an_env_object(tmp_path):
     assert env_id.startswith("python/CartPoleEnv-v")
     policy = trellis.load(run.directory)
     assert policy.env_id == env_id and policy(np.zeros(4, np.float32)) in (0, 1)
+
+
+@pytest.fixture
+def own_registry(monkeypatch):
+    """Agent objects registered by the test stay in the test (the registry is per process)."""
+    monkeypatch.setattr(registry, "_REGISTERED", {})
+
+
+def test_train_takes_an_agent_object(tmp_path, own_registry):
+    """A builder object trains with the config it was made with, under its class's name, which
+    config.json records; `load` finds it in this process, and one made with another config is
+    refused in one line naming the settings that differ."""
+    builder = PPOBuilder(A2CConfig(unroll_length=8, batch_size=4, learning_rate=2e-3))
+    run = trellis.train(agent=builder, env="CartPole-v1", platform="local_mt",
+                        total_env_steps=2_000, quiet=True, logdir=str(tmp_path / "object"))
+    assert run.summary["exit_code"] == 0 and run.summary["env_steps"] >= 2_000
+    saved = json.loads((tmp_path / "object" / "config.json").read_text())
+    assert saved["command_line"]["agent"] == "PPOBuilder"
+    assert saved["agent_config"]["learning_rate"] == 2e-3
+    assert saved["agent_config"]["unroll_length"] == 8
+    assert trellis.load(run.directory)(np.zeros(4, np.float32)) in (0, 1)
+    other = PPOBuilder(A2CConfig(unroll_length=8, batch_size=4))
+    with pytest.raises(ValueError, match=r"^agent PPOBuilder runs with the config it was made "
+                       r"with, and these settings differ from it: learning_rate \(set them in "
+                       r"its config, A2CConfig\(...\)\)$"):
+        trellis.load(run.directory, agent=other)
+
+
+def test_train_refuses_what_is_not_an_agent_and_an_objects_settings_in_one_line(own_registry):
+    with pytest.raises(TypeError) as raised:
+        trellis.train(agent=42, env="CartPole-v1")
+    assert str(raised.value) == (
+        "agent must be a registered agent's name (e.g. 'ppo') or an agent object (a builder "
+        "with `capabilities` and a `config` on trellis.builders.contract.config.Config: "
+        "docs/your_own_agent.md), got 42 (int)")
+    builder = PPOBuilder(A2CConfig())
+    with pytest.raises(UsageError) as raised:
+        trellis.train(agent=builder, env="CartPole-v1", learning_rate=1e-3, num_epochs=2)
+    assert str(raised.value) == (
+        "learning_rate, num_epochs: settings of agent PPOBuilder's config (A2CConfig); an "
+        "agent object trains with the config it was made with: "
+        "PPOBuilder(A2CConfig(learning_rate=...))")
+    # The object registered above is among the names.
+    with pytest.raises(UsageError, match="^--agent must be one of 'PPOBuilder', 'a2c', .*, "
+                       "got 'nosuch'$"):
+        trellis.train(agent="nosuch", env="CartPole-v1")
 
 
 def test_a_recurrent_policy_keeps_its_state_and_exports_it(tmp_path, capsys):

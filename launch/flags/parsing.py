@@ -9,7 +9,7 @@ import difflib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from trellis.agents.registry import AGENTS, agent_module
+from trellis.agents.registry import AGENTS, agent_module, agent_names
 from trellis.builders.contract.config import ConfigError, ExperimentConfig, Setting, settings
 from trellis.builders.experiments.pbt import PBTConfig
 from trellis.builders.experiments.platforms import ANAKIN
@@ -18,9 +18,14 @@ from trellis.envs.atari import is_atari_factory
 from trellis.launch.flags.env_options import env_factory
 from trellis.launch.flags.platform_choice import chosen_platform, given_options
 from trellis.launch.flags.presets import ATARI, preset_settings, resolve_preset
-from trellis.launch.flags.run_settings import AtariConfig, RunOptions, RunSettings
+from trellis.launch.flags.run_settings import (
+    AtariConfig,
+    RunOptions,
+    RunSettings,
+    agent_requirement,
+)
 from trellis.launch.flags.table import flag_parser, given_flags
-from trellis.launch.flags.values import AUTO, UsageError, quoted, requirement
+from trellis.launch.flags.values import AUTO, UsageError, quoted
 
 
 def _classes(agent_config: type) -> tuple[type, ...]:
@@ -92,10 +97,9 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     """
     given, base, origin = given_options(argv, prog)
     agent = given.get("agent", base.get("agent", RunOptions.agent))
-    if agent not in AGENTS:
+    if agent not in agent_names():
         where = origin.get("agent", "--") if "agent" not in given else "--"
-        agent_setting = next(s for s in settings(RunOptions) if s.name == "agent")
-        raise UsageError(f"{where}agent must be {requirement(agent_setting)}, got {agent!r}")
+        raise UsageError(f"{where}agent must be {agent_requirement()}, got {agent!r}")
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
     # Below everything given: the agent's own defaults for the platform (e.g. PPO on anakin),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trellis.agents.registry import AGENTS, agent_module
+from trellis.agents.registry import AGENTS, agent_module, agent_names
 from trellis.builders.contract.config import Config, ExperimentConfig, setting
 from trellis.builders.experiments.pbt import PBTConfig, PopulationPBT
 from trellis.builders.experiments.platforms import ANAKIN, HostPlatform, PopulationSettings
@@ -25,11 +25,18 @@ from trellis.reverb_tables import reverb_available
 _NOT_SAVED = ("config", "resume", "logdir")
 
 
+def agent_requirement() -> str:
+    """What --agent must be: one of the agents' names (Trellis's and those registered here)."""
+    return "one of " + ", ".join(map(repr, agent_names()))
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptions(Config):
     """The command line's own options (neither the experiment's nor the agent's)."""
 
-    agent: str = setting("impala", "the agent to train", choices=sorted(AGENTS))
+    # No `choices`: agent objects registered in the process (agents.registry.register, what
+    # trellis.train does with one) are agents too; `check` reads the names when it runs.
+    agent: str = setting("impala", f"the agent to train: {', '.join(sorted(AGENTS))}")
     env: str = setting(
         "CartPole-v1", "the env's id: a Gymnasium id (MODULE:ID imports MODULE first, in every "
         "process), or a family's, e.g. gymnax:CartPole-v1")
@@ -55,7 +62,7 @@ class RunOptions(Config):
         choices=TRACKERS)
     preset: str | None = setting(
         "auto", "a published source's settings for the agent on a family of envs (atari, "
-        "mujoco, minatar, classic: docs/presets.md, run.py --list_presets); auto: the env's "
+        "mujoco, minatar, dmc, classic: docs/presets.md, run.py --list_presets); auto: the env's "
         "family's where the agent has it; none: the agent's defaults; settings given in a "
         "--config file or as flags override them; config.json records the one that applied",
         choices=PRESET_NAMES)
@@ -83,6 +90,8 @@ class RunOptions(Config):
         "perturbing the --member_hparams (the --pbt_* settings; docs/anakin.md)")
 
     def check(self) -> None:
+        if self.agent not in agent_names():
+            raise self.invalid("agent", agent_requirement())
         if self.ray_address is not None and self.platform != "ray":
             raise self.invalid("ray_address", "none unless --platform=ray")
         if self.platform != ANAKIN:
