@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from trellis.builders.contract.agent import Learner
@@ -51,6 +52,15 @@ def out_of_memory_message(error: Exception, unrolls: int | None, config: Experim
     return f"the learner's update{where} ran out of device memory ({lines[0]}): {cure}"
 
 
+@jax.jit
+def _all_finite(metrics: Mapping[str, Any]) -> jax.Array:
+    """Whether every metric is finite, as one device boolean: one small program and one
+    scalar to the host instead of every metric (a fetch of 7 device scalars took 55 us of the
+    learner's thread, this 13 us, 2026-11-29)."""
+    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(value))
+                                for value in jax.tree.leaves(metrics)], bool))
+
+
 class FiniteCheck:
     """Checks each learner update's metrics for NaN and Inf, one update late.
 
@@ -80,6 +90,8 @@ class FiniteCheck:
             return
         metrics, step = self._pending
         self._pending = None
+        if _all_finite(metrics):
+            return
         bad = {name: value for name, value in jax.device_get(metrics).items()
                if not np.all(np.isfinite(value))}
         if bad:
