@@ -137,10 +137,9 @@ class DataParallelLearner:
     def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """`batch` on the learner's devices, sharded as `step` takes it (the learner node
         places the next batch while the current update runs)."""
-        if self._processes > 1:
-            placed: dict[str, Any] = self._to_mesh(dict(batch), self._batch_sharding)
-            return placed
-        return self._place(dict(batch))
+        placed: dict[str, Any] = (self._to_mesh(dict(batch), self._batch_sharding)
+                                  if self._processes > 1 else self._place(dict(batch)))
+        return placed
 
     def step(self, batch: Mapping[str, Any]) -> Metrics:
         """One update on a batch, on the host or `place`d; returns the metrics as device
