@@ -282,6 +282,22 @@ def test_run_resume_and_evaluate(tmp_path):
     assert result["checkpoint_env_steps"] == resumed["env_steps"]
 
 
+def test_state_holds_the_arrays_of_checkpoints_from_before_muzero():
+    """AlphaZero's self-play state holds what its checkpoints held before MuZero shared the
+    loop (a66810b): the pending moves without their actions, which MuZero's positions read
+    and AlphaZero's do not; with them, those checkpoints failed to resume or evaluate on
+    `pending/action` (docs/alphazero.md)."""
+    config = AlphaZeroConfig(unroll_length=9, batch_size=2, num_simulations=2, replay_size=18,
+                             min_replay_size=18)
+    program = SelfPlayProgram(AlphaZeroBuilder(config), make_env_factory("pgx:tic_tac_toe"))
+    state = jax.eval_shape(program.init, jax.random.key(0))
+    pending = {path[-1].name: leaf.shape
+               for path, leaf in jax.tree_util.tree_leaves_with_path(state.pending)}
+    assert pending == {"obs": (9, 2, 3, 3, 2), "player": (9, 2), "policy": (9, 2, 9),
+                       "rewards": (9, 2, 2), "terminated": (9, 2)}
+    assert set(state.replay.items) == {"obs", "policy", "value", "weight"}
+
+
 def test_games_are_for_self_play_agents_only():
     with pytest.raises(UnsupportedError, match="two-player game.*--agent=alphazero"):
         check_supported(PPOBuilder(PPOConfig()), "anakin", make_env_factory("pgx:connect_four"))

@@ -33,5 +33,7 @@ def outcome_positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
 def make_self_play(env: Any, network: Any, training: Training, config: AlphaZeroConfig
                    ) -> SelfPlayLoop:
     """AlphaZero's self-play loop on `env` (see the module's docstring)."""
+    # The outcomes need no actions: without them the state is the one AlphaZero's checkpoints
+    # held before MuZero shared the loop, so those still resume (docs/alphazero.md).
     return make_self_play_loop(env, make_search(env, network, config), training, config,
-                               outcome_positions)
+                               outcome_positions, record_actions=False)

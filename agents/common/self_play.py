@@ -157,14 +157,26 @@ def replay_sample(replay: Replay, key: jax.Array, batch_size: int) -> dict[str, 
 @flax.struct.dataclass
 class Moves:
     """Moves of the games side by side, [T, B, ...]: the position (observation, who moves),
-    the search's policy there, the move, and what it gave (rewards, whether the game ended)."""
+    the search's policy there, and what the move gave (rewards, whether the game ended)."""
 
     obs: jax.Array
     player: jax.Array
     policy: jax.Array
-    action: jax.Array
     rewards: jax.Array
     terminated: jax.Array
+
+
+@flax.struct.dataclass
+class ActedMoves(Moves):
+    """`Moves` with the move made at each, `action` [T, B]: what the loop records where the
+    positions read the moves (MuZero's, `make_self_play_loop`'s `record_actions`).
+
+    A subclass, not a field of `Moves` that AlphaZero would leave empty: its state then holds
+    the arrays, and orbax's tree, it held before MuZero shared the loop (a66810b), so its
+    checkpoints from before resume and evaluate (docs/alphazero.md).
+    """
+
+    action: jax.Array
 
 
 @flax.struct.dataclass
@@ -206,10 +218,11 @@ Positions = Callable[[Moves, jax.Array], dict[str, jax.Array]]
 
 
 def make_self_play_loop(env: Any, search: Search, training: Training, config: SelfPlayConfig,
-                        positions: Positions) -> SelfPlayLoop:
+                        positions: Positions, record_actions: bool) -> SelfPlayLoop:
     """The self-play loop on `env` of any search and learning (see the module's docstring):
-    `search` picks the moves, `positions` makes the replay's items, `training` learns from
-    `sample_batch_size` of them per step."""
+    `search` picks the moves, `positions` makes the replay's items (of `ActedMoves` where
+    `record_actions`, else of `Moves`), `training` learns from `sample_batch_size` of them
+    per step."""
     update = training.make_update(None)
     num_games, num_moves = config.batch_size, config.unroll_length
 
@@ -222,8 +235,9 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
         params, games = carry
         out = search(params, search_key, games)
         after = jax.vmap(env.step)(games, out.action)
-        record = Moves(games.observation, games.current_player, jnp.asarray(out.action_weights),
-                       jnp.asarray(out.action), after.rewards, after.terminated)
+        made = (games.observation, games.current_player, jnp.asarray(out.action_weights),
+                after.rewards, after.terminated)
+        record = ActedMoves(*made, jnp.asarray(out.action)) if record_actions else Moves(*made)
         # Finished games restart at once.
         fresh = new_games(reset_key)
         over = after.terminated

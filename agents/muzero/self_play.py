@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from trellis.agents.common.self_play import (
+    ActedMoves,
     Moves,
     Positions,
     SelfPlayLoop,
@@ -26,6 +27,7 @@ def make_positions(num_unroll_steps: int) -> Positions:
     observation and K-step targets (`agents.common.self_play.Positions`)."""
 
     def positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
+        assert isinstance(moves, ActedMoves)  # make_self_play records them.
         targets = unroll_targets(moves.action, moves.policy, moves.rewards, moves.terminated,
                                  moves.player, num_unroll_steps)
         return {**targets, "obs": moves.obs[:moves.obs.shape[0] // 2],
@@ -38,4 +40,4 @@ def make_self_play(env: Any, network: MuZeroNet, training: Training, config: MuZ
                    ) -> SelfPlayLoop:
     """MuZero's self-play loop on `env` (see the module's docstring)."""
     return make_self_play_loop(env, make_search(network, config), training, config,
-                               make_positions(config.num_unroll_steps))
+                               make_positions(config.num_unroll_steps), record_actions=True)
