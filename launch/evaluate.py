@@ -1,10 +1,11 @@
 """Evaluates a run's checkpoint: `python launch/evaluate.py RUN_DIR [--episodes=N] [--video=DIR]`.
 
 Rebuilds the run's agent from the settings its config.json saved (launch/flags.py), restores
-the newest checkpoint (or --step) as the agent's kind says (builders/experiments/restore.py,
-through launch/loaded_policy.py), plays N episodes with the greedy policy on fresh envs (a
-self-play agent: N games against a baseline) and prints the mean return (a line for people,
-then one JSON line for scripts). With --video=DIR, each episode is also written as
+the newest readable checkpoint (or --step) as the agent's kind says (builders/experiments/
+restore.py, through launch/loaded_policy.py; a damaged newer one is passed over with one
+warning line, as --resume does, and left in place), plays N episodes with the greedy policy on
+fresh envs (a self-play agent: N games against a baseline) and prints the mean return (a line
+for people, then one JSON line for scripts). With --video=DIR, each episode is also written as
 DIR/step-S-episode-I.mp4, played in the run's env (its kwargs, wrappers and preprocessing) and
 drawn by its factory (every family that renders: Gymnasium ids, envpool's Atari with its raw
 screen, MinAtar, gymnax, Brax, Playground; builders/experiments/recording.py; the `video` extra).
@@ -45,7 +46,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--step", type=int, default=None,
-                   help="the checkpoint's env steps (default: the newest)")
+                   help="the checkpoint's env steps (default: the newest readable)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     p.add_argument("--member", type=int, default=0,
                    help="an anakin population's member to evaluate (default: the first)")

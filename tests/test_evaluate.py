@@ -1,15 +1,21 @@
 """A run's member restored for evaluation (builders/experiments/restore.py): the video path
 plays in the run's own env (its kwargs and wrappers), host or JAX, and refuses envs that do not
-render in one line."""
+render in one line; a damaged newest checkpoint is passed over, as --resume does."""
 
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import trellis
+from trellis.builders.experiments.checkpointing import CORRUPT_SUBDIR
 from trellis.builders.experiments.restore import PolicyMember, RestoreError
 from trellis.envs import GymnasiumFactory, make_env_factory
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _push_left(params, key, obs, state, first):
@@ -67,3 +73,46 @@ def test_without_imageio_ffmpeg_the_video_path_says_what_to_install(monkeypatch,
     with pytest.raises(RestoreError, match=r"--video needs imageio-ffmpeg: pip install -e "
                        r"'\.\[video\]'"):
         _member(GymnasiumFactory("CartPole-v1")).record(1, seed=0, video_dir=str(tmp_path))
+
+
+def _truncate_state(checkpoint):
+    """Truncates every file of a checkpoint's state, as a disk that filled up would."""
+    for folder, _, files in os.walk(os.path.join(checkpoint, "state")):
+        for name in files:
+            with open(os.path.join(folder, name), "r+b") as f:
+                f.truncate(0)
+
+
+def test_evaluate_and_load_pass_over_a_damaged_newest_checkpoint(tmp_path, capfd):
+    """A short real run, its newest checkpoint truncated: evaluate.py and `trellis.load` use
+    the one before, say so in one warning line, and leave the damaged one where it is (a
+    reader moves nothing; --resume sets it aside)."""
+    run_dir = str(tmp_path / "run")
+    out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "run.py"),
+                          "--platform=local_mt", "--total_env_steps=20000",
+                          "--stop_at_return=none", "--eval_every=0", "--checkpoint_every_s=1",
+                          "--quiet", f"--logdir={run_dir}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    directory = os.path.join(run_dir, "checkpoints")
+    steps = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    assert len(steps) >= 2, steps
+    _truncate_state(os.path.join(directory, str(steps[-1])))
+
+    out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "evaluate.py"), run_dir,
+                          "--episodes=2"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads(out.stdout.splitlines()[-1])["checkpoint_env_steps"] == steps[-2]
+    warnings = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "Traceback" not in out.stderr, out.stderr[-4000:]
+    assert (f"checkpoint {steps[-1]} cannot be read" in warnings[0]
+            and f"using checkpoint {steps[-2]}" in warnings[0]), warnings[0]
+
+    capfd.readouterr()
+    assert trellis.load(run_dir).step == steps[-2]
+    err = capfd.readouterr().err
+    assert [line for line in err.splitlines() if "warning" in line] == warnings, err
+    # Both read past it in place.
+    steps_now = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    assert steps_now == steps and not os.path.exists(os.path.join(run_dir, CORRUPT_SUBDIR))

@@ -217,13 +217,13 @@ def test_runs_started_in_the_same_second_get_a_directory_each(tmp_path, monkeypa
 
 @pytest.mark.parametrize("tool", ["run.py", "evaluate.py"])
 def test_corrupt_checkpoint_is_one_clear_error(run_dir, tmp_path, tool):
-    """evaluate.py's newest checkpoint corrupt; every checkpoint for --resume, which falls back
-    past a corrupt newest one (tests/test_preemption.py)."""
+    """Every checkpoint corrupt: both fall back past a corrupt newest one
+    (tests/test_preemption.py, tests/test_evaluate.py), not past all."""
     broken = tmp_path / "broken"
     shutil.copytree(run_dir, broken)
     ckpt = broken / "checkpoints"
     steps = sorted((d for d in os.listdir(ckpt) if d.isdigit()), key=int)
-    for step in steps if tool == "run.py" else steps[-1:]:
+    for step in steps:
         for root, _, names in os.walk(ckpt / step / "state"):
             for name in names:  # Garbage of the same size in every file of the state.
                 path = os.path.join(root, name)

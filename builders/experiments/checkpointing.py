@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import logging
 import os
 import sys
 import types
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,8 @@ from trellis.builders.experiments.counter import Counter
 CHECKPOINT_SUBDIR = "checkpoints"
 # Where checkpoints that cannot be read are moved (beside CHECKPOINT_SUBDIR), never deleted.
 CORRUPT_SUBDIR = "corrupt_checkpoints"
+
+T = TypeVar("T")
 
 
 class CheckpointError(Exception):
@@ -208,7 +211,7 @@ def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:
 
 def newest_readable(directory: str) -> tuple[int, dict[str, Any]]:
     """(step, progress) of the newest checkpoint in `directory` whose arrays and progress can
-    be read.
+    be read, for a run that goes on from it (a resume, a restarted learner).
 
     Newer ones that cannot (a disk that filled up, a copy cut short, a file truncated: orbax
     then fails with e.g. "Failed to read Metadata file") are moved to `CORRUPT_SUBDIR` beside
@@ -219,6 +222,30 @@ def newest_readable(directory: str) -> tuple[int, dict[str, Any]]:
     Raises:
       CheckpointError: `directory` holds no checkpoint, or none that can be read.
     """
+    return _newest(directory, functools.partial(_read_progress, directory), set_aside=True)
+
+
+def read_newest(directory: str, read: Callable[[int], T]) -> tuple[int, T]:
+    """(step, `read(step)`) of the newest checkpoint in `directory` that `read` reads, for a
+    reader (evaluate.py, `trellis.load`): as `newest_readable`, newer ones that it cannot
+    read (`read` raised `CheckpointError`) are passed over with one warning line, but left
+    where they are.
+
+    Args:
+      directory: a checkpoints directory.
+      read: reads checkpoint `step` (e.g. restores it onto a target: on another machine's
+        devices, only a restore with a target reads a checkpoint).
+
+    Raises:
+      CheckpointError: `directory` holds no checkpoint, or none that `read` reads (the
+        newest's error).
+    """
+    return _newest(directory, read, set_aside=False)
+
+
+def _newest(directory: str, read: Callable[[int], T], set_aside: bool) -> tuple[int, T]:
+    """(step, `read(step)`) of the newest checkpoint in `directory` that `read` reads; the
+    newer ones, one warning line, and with `set_aside` moved to `CORRUPT_SUBDIR`."""
     if not os.path.isdir(directory):
         raise CheckpointError(f"no checkpoints in {directory} (the directory does not exist)")
     steps = _steps_in(directory)
@@ -228,13 +255,17 @@ def newest_readable(directory: str) -> tuple[int, dict[str, Any]]:
     with _without_closed_loop_reports():
         for step in steps:
             try:
-                progress = _read_progress(directory, step)
+                value = read(step)
             except CheckpointError as e:
                 bad.append((step, e))
                 continue
-            if bad:
+            if bad and set_aside:
                 _set_aside(directory, bad, step)
-            return step, progress
+            elif bad:
+                print(f"[restore] warning: checkpoint {_listed(bad)} cannot be read "
+                      f"({bad[0][1]}); using checkpoint {step}, the newest readable one "
+                      f"(left in place)", file=sys.stderr, flush=True)
+            return step, value
     raise CheckpointError(f"no readable checkpoint in {directory}: {bad[0][1]}")
 
 
@@ -308,9 +339,13 @@ def _set_aside(directory: str, bad: list[tuple[int, CheckpointError]], used: int
             target = os.path.join(corrupt, f"{step}.{suffix}")
             suffix += 1
         os.rename(os.path.join(directory, str(step)), target)
-    steps = ", ".join(str(step) for step, _ in bad)
-    print(f"[run] warning: checkpoint {steps} cannot be read ({bad[0][1]}); moved to {corrupt}; "
-          f"resuming from checkpoint {used}", file=sys.stderr, flush=True)
+    print(f"[run] warning: checkpoint {_listed(bad)} cannot be read ({bad[0][1]}); moved to "
+          f"{corrupt}; resuming from checkpoint {used}", file=sys.stderr, flush=True)
+
+
+def _listed(bad: list[tuple[int, CheckpointError]]) -> str:
+    """The steps of the unreadable checkpoints `bad`, for a warning line."""
+    return ", ".join(str(step) for step, _ in bad)
 
 
 def check_resumable(run_dir: str, step: int, target: Any) -> None:

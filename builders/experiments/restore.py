@@ -23,7 +23,11 @@ from trellis.builders.contract.agent import Acting, Learner, Policy
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.contract.population import PopulationSearch, SearchLearner
 from trellis.builders.experiments import recording
-from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
+from trellis.builders.experiments.checkpointing import (
+    Checkpointer,
+    checkpoint_dir,
+    read_newest,
+)
 from trellis.builders.experiments.device_evaluation import play_episodes
 from trellis.builders.experiments.evaluation import record_episode, run_episodes, summarize
 from trellis.envs.contract import EnvFactory, is_host, is_jax
@@ -146,23 +150,28 @@ class PolicyMember:
 
 def restore_state(run_dir: str, target: Any, step: int | None
                   ) -> tuple[Any, int, dict[str, Any]]:
-    """(state, step, progress) of the run's checkpoint `step` (None: the newest), restored
-    onto `target`'s structure.
+    """(state, step, progress) of the run's checkpoint `step` (None: the newest one that
+    restores, past unreadable newer ones with one warning line, as `--resume` goes past them,
+    but leaving them in place: `checkpointing.read_newest`), restored onto `target`'s
+    structure.
 
     Raises:
       RestoreError: the run has no checkpoints.
-      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable.
+      builders.experiments.checkpointing.CheckpointError: no such checkpoint, or unreadable
+        (with `step` None: none is readable).
     """
     directory = checkpoint_dir(run_dir)
     if not os.path.isdir(directory):
         raise RestoreError(f"no checkpoints in {directory}")
     checkpointer = Checkpointer(directory)
     try:
-        step = checkpointer.latest_step() if step is None else step
-        state, progress = checkpointer.restore(target, step)
+        if step is None:
+            step, (state, progress) = read_newest(
+                directory, functools.partial(checkpointer.restore, target))
+        else:
+            state, progress = checkpointer.restore(target, step)
     finally:
         checkpointer.close()
-    assert step is not None  # restore raised CheckpointError where none was found.
     return state, step, progress
 
 
