@@ -120,6 +120,18 @@ def test_the_dmc_preset_names_its_source_and_the_settings_it_maps_approximately(
     assert rows["num_minibatches"].value == 2 and rows["num_minibatches"].source.startswith(
         "Trellis: one 2,048-env rollout per update")
     assert rows["hidden_sizes"].source.startswith("Trellis: one width for both torsos")
+    assert {a for p, a in documented() if p == "dmc"} == {"ppo", "sac"}
+
+
+def test_sacs_dmc_preset_makes_brax_sgd_steps_per_env_step():
+    """Brax's SAC steps its 128 envs once, then makes 8 SGD steps: on anakin, the preset's
+    iterations of 128 envs x 1 step make round(replay_ratio x 128) = 8."""
+    pytest.importorskip("mujoco_playground")
+    run = flags.parse(["--agent=sac", "--env=playground:CartpoleBalance", "--platform=anakin"])
+    assert run.options.preset == "dmc"
+    agent = run.agent
+    assert (agent.batch_size, agent.unroll_length, agent.sample_batch_size) == (128, 1, 512)
+    assert round(agent.replay_ratio * agent.batch_size * agent.unroll_length) == 8
 
 
 def test_classic_control_runs_on_every_agents_defaults():

@@ -65,3 +65,39 @@ MUJOCO = Preset(
     },
     sources={name: _TRELLIS for name in ("num_actors", "envs_per_actor", "unroll_length",
                                          "batch_size", "updates_per_step")})
+
+
+# `--preset=dmc` (chosen by itself for Playground's DeepMind Control Suite tasks;
+# docs/presets.md): Playground's published Brax SAC settings for the suite (mujoco_playground
+# 0.2.0, config/dm_control_suite_params.py, brax_sac_config), with Brax's SAC defaults where
+# that file sets nothing (brax/training/agents/sac: tau, 256 x 256, alpha starting at 1,
+# one-step targets). Brax steps its 128 envs once, then makes 8 SGD steps of 512: on anakin
+# that is batch_size 128 envs, unrolls of 1 step and 8 / 128 SGD steps per env step.
+_PLAYGROUND_SAC = ("Playground mujoco_playground/config/dm_control_suite_params.py "
+                   "(brax_sac_config)")
+_BRAX_SAC = "Brax brax/training/agents/sac (train's and make_sac_networks' defaults)"
+DMC = Preset(
+    source=_PLAYGROUND_SAC,
+    settings={
+        "batch_size": 128,  # num_envs (anakin: the envs of a member).
+        "unroll_length": 1,
+        "replay_ratio": 0.0625,  # grad_updates_per_step 8 per step of the 128 envs.
+        "sample_batch_size": 512,  # batch_size.
+        "learning_rate": 1e-3,
+        "discount": 0.99,  # discounting.
+        "replay_size": 4_194_304,  # max_replay_size.
+        "min_replay_size": 8_192,
+        "total_env_steps": 5_000_000,  # num_timesteps.
+        "tau": 0.005,
+        "n_step": 1,
+        "hidden_sizes": (256, 256),
+        "initial_temperature": 1.0,  # log_alpha 0.
+    },
+    sources={
+        "unroll_length": ("Trellis: Brax's one env step between its SGD steps (with "
+                          "replay_ratio, its 8 per 128 env steps)"),
+        "tau": _BRAX_SAC,
+        "n_step": _BRAX_SAC,
+        "hidden_sizes": _BRAX_SAC,
+        "initial_temperature": _BRAX_SAC,
+    })
