@@ -105,13 +105,25 @@ class DataParallelLearner:
         return self._to_mesh(init(key), self._replicated)
 
     def _to_mesh(self, tree: Any, sharding: NamedSharding) -> Any:
-        """`tree`, this process's part of global arrays, placed on the mesh with `sharding`."""
+        """`tree`, this process's part of global arrays, placed on the mesh with `sharding`.
+
+        Leaves placed so already are kept: the learning-rate schedule replaces one factor of
+        the state, and putting every leaf again took 3 ms of Python per replacement on 2
+        cores (a sixth of IMPALA's learner thread on CartPole, 2026-11-29).
+        """
+        leaves, structure = jax.tree.flatten(tree)
+        moved = [i for i, x in enumerate(leaves)
+                 if not (isinstance(x, jax.Array) and x.sharding == sharding)]
         if self._processes == 1:
-            return jax.device_put(tree, sharding)
-        # A mesh across processes: each places its part on its own devices (no transfer
-        # between processes); a replicated array's part is the whole array.
-        return jax.tree.map(
-            lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+            placed = jax.device_put([leaves[i] for i in moved], sharding)
+        else:
+            # A mesh across processes: each places its part on its own devices (no transfer
+            # between processes); a replicated array's part is the whole array.
+            placed = [jax.make_array_from_process_local_data(sharding, np.asarray(leaves[i]))
+                      for i in moved]
+        for i, x in zip(moved, placed, strict=True):
+            leaves[i] = x
+        return jax.tree.unflatten(structure, leaves)
 
     def _local(self, tree: Any) -> Any:
         """This process's copy of replicated global arrays (`tree` as it is on one process)."""

@@ -26,10 +26,10 @@ def gather(rows: np.ndarray, workers: np.ndarray, out: np.ndarray) -> None:
 
     With its default mode ("raise"), `np.take` writes through a temporary buffer when given
     `out`: about 3x slower for Pong's observations (benchmarks/inference_copies.py); the
-    worker ids are always in range, so "clip" never clips.
+    worker ids are always in range, so "clip" never clips. The method, not `np.take`: the
+    function's dispatch to it is half of the call (0.6 us of 1.1 on 2 cores, per field).
     """
-    np.take(rows, workers, axis=0, out=out.reshape(len(workers), *rows.shape[1:]),
-            mode="clip")
+    rows.take(workers, axis=0, out=out.reshape(len(workers), *rows.shape[1:]), mode="clip")
 
 
 def _bucket(n: int, largest: int) -> int:
