@@ -1,7 +1,7 @@
-"""Continuous control pieces the actor-critic agents share (SAC, TD3, D4PG): their config's
-replay defaults, the check that an env has flat bounded actions, the squash into those
-bounds, a deterministic policy and critics on [obs, action], and the acting policy of a
-deterministic actor."""
+"""Continuous control pieces the actor-critic agents share (SAC, TD3, D4PG, MPO): their
+config's replay defaults, the check that an env has flat bounded actions, the squash into
+those bounds, a deterministic policy and critics on [obs, action] and their inits, and the
+acting policy of a deterministic actor."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trellis.agents.common.params import Params
 from trellis.agents.common.torsos import MLPTorso
@@ -57,6 +58,15 @@ def continuous_action_dim(spec: EnvSpec, agent: str) -> int:
         raise ValueError(f"{agent} here takes flat vector observations, got shape "
                          f"{spec.observation_shape}.")
     return spec.action_shape[0]
+
+
+def actor_critic_inits(spec: EnvSpec, action_dim: int, policy: nn.Module, critic: nn.Module
+                       ) -> tuple[Callable[[jax.Array], Params], Callable[[jax.Array], Params]]:
+    """(init_policy, init_critic): the params of `policy` on an observation of `spec`, and of
+    `critic` on an observation and an action, each from a key."""
+    obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
+    action = np.zeros((1, action_dim), np.float32)
+    return (lambda key: policy.init(key, obs)), (lambda key: critic.init(key, obs, action))
 
 
 def action_bounds(spec: EnvSpec, agent: str) -> tuple[tuple[float, ...], tuple[float, ...]]:

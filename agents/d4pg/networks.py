@@ -14,6 +14,7 @@ from trellis.agents.common.continuous import (
     Critics,
     DeterministicPolicy,
     action_bounds,
+    actor_critic_inits,
     continuous_action_dim,
 )
 from trellis.agents.common.params import Params, pure_apply
@@ -46,11 +47,10 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_atoms: int, v_
     bounds = Bounds(*action_bounds(spec, "D4PG"))
     policy = DeterministicPolicy(tuple(hidden_sizes), action_dim)
     critic = Critics(tuple(hidden_sizes), num_critics=1, num_outputs=num_atoms)
-    obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    action = np.zeros((1, action_dim), np.float32)
+    init_policy, init_critic = actor_critic_inits(spec, action_dim, policy, critic)
     return D4PGNetworks(
-        init_policy=lambda key: policy.init(key, obs),
-        init_critic=lambda key: critic.init(key, obs, action),
+        init_policy=init_policy,
+        init_critic=init_critic,
         policy=lambda params, obs: bounds.squash(pure_apply(policy)(params, obs)),
         critic=lambda params, obs, action: pure_apply(critic)(params, obs, action)[..., 0, :],
         atoms=np.linspace(v_min, v_max, num_atoms, dtype=np.float32),

@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from trellis.agents.common import MLPTorso, diagonal_gaussian_log_prob
 from trellis.agents.common.continuous import (
     Bounds,
     Critics,
     action_bounds,
+    actor_critic_inits,
     continuous_action_dim,
 )
 from trellis.agents.common.params import Params, pure_apply
@@ -94,11 +94,10 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], log_std_min: float
     action_dim = continuous_action_dim(spec, "SAC")
     policy = Policy(tuple(hidden_sizes), action_dim, log_std_min, log_std_max)
     critic = Critics(tuple(hidden_sizes), num_critics=2)
-    obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    action = np.zeros((1, action_dim), np.float32)
+    init_policy, init_critic = actor_critic_inits(spec, action_dim, policy, critic)
     return SACNetworks(
-        init_policy=lambda key: policy.init(key, obs),
-        init_critic=lambda key: critic.init(key, obs, action),
+        init_policy=init_policy,
+        init_critic=init_critic,
         policy=pure_apply(policy),
         critic=pure_apply(critic),
         distribution=TanhGaussian(*action_bounds(spec, "SAC")),

@@ -7,13 +7,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax
-import numpy as np
 
 from trellis.agents.common.continuous import (
     Bounds,
     Critics,
     DeterministicPolicy,
     action_bounds,
+    actor_critic_inits,
     continuous_action_dim,
 )
 from trellis.agents.common.params import Params, pure_apply
@@ -45,11 +45,10 @@ def make_networks(spec: EnvSpec, hidden_sizes: Sequence[int], num_critics: int,
     bounds = Bounds(*action_bounds(spec, agent))
     policy = DeterministicPolicy(tuple(hidden_sizes), action_dim)
     critic = Critics(tuple(hidden_sizes), num_critics=num_critics)
-    obs = np.zeros((1,) + spec.observation_shape, spec.observation_dtype)
-    action = np.zeros((1, action_dim), np.float32)
+    init_policy, init_critic = actor_critic_inits(spec, action_dim, policy, critic)
     return TD3Networks(
-        init_policy=lambda key: policy.init(key, obs),
-        init_critic=lambda key: critic.init(key, obs, action),
+        init_policy=init_policy,
+        init_critic=init_critic,
         policy=lambda params, obs: bounds.squash(pure_apply(policy)(params, obs)),
         critic=pure_apply(critic),
         bounds=bounds,
