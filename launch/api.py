@@ -122,7 +122,8 @@ def load(run_dir: str, *, agent: object = None, env: object = None, step: int | 
         it (`train` did not run it here; a registered agent's name needs nothing).
       env: the env object a run was trained on, when this process has not registered it (an
         env id needs nothing).
-      step: the checkpoint's env steps; None: the newest.
+      step: the checkpoint's env steps; None: the newest readable one (a damaged newer one
+        is passed over with one warning).
       member: an anakin population's member (an evolution strategy's: its mean).
       seed: the key of sampled actions (`policy(obs, sample=True)`) and of searches.
 
