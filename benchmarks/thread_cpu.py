@@ -99,7 +99,9 @@ def main() -> None:
     parser.add_argument("--period_s", type=float, default=0.25)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as site, tempfile.TemporaryDirectory() as out:
+    # A node process may still be writing its samples while the directory goes.
+    with (tempfile.TemporaryDirectory() as site,
+          tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as out):
         with open(os.path.join(site, "sitecustomize.py"), "w") as f:
             f.write(_SAMPLER)
         # Before any node process starts: local_mp's fork server and nodes inherit both.
