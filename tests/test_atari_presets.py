@@ -108,7 +108,7 @@ def test_a_bad_preset_through_run_py_is_one_line_and_exit_2():
                          cwd=REPO)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
-        "run.py: error: --preset must be one of auto, atari, mujoco, minatar, classic, "
+        "run.py: error: --preset must be one of auto, atari, mujoco, minatar, dmc, classic, "
         "tic_tac_toe, connect_four or none, got 'atary'"]
 
 

@@ -44,6 +44,15 @@ def _poll(condition, timeout_s: float, what: str):
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
+def _cmdline(pid: int) -> str:
+    """The process's command line ('' once it has ended)."""
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _kill(benchmark: subprocess.Popen, children: list[int]) -> None:
     """After a failure: no benchmark, and no run it left behind (the children's groups, or
     the children themselves where they have none of their own)."""
@@ -134,10 +143,10 @@ def test_alphazero_benchmark_stops_its_run(tmp_path):
         cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     started: list[int] = []
     try:
-        child = _poll(lambda: processes.children(benchmark.pid), 60, "run.py started")[0]
+        # A child reads as the benchmark itself between its fork and its exec of run.py.
+        child = _poll(lambda: [c for c in processes.children(benchmark.pid)
+                               if "run.py" in _cmdline(c)], 60, "run.py started")[0]
         started.append(child)
-        with open(f"/proc/{child}/cmdline") as f:
-            assert "run.py" in f.read()
         _stop_and_check(benchmark, child, signal.SIGTERM)
     except BaseException:
         _kill(benchmark, started)
