@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import trellis
+from tests.checkpoints import truncate_state
 from trellis.builders.experiments.checkpointing import CORRUPT_SUBDIR
 from trellis.builders.experiments.restore import PolicyMember, RestoreError
 from trellis.envs import GymnasiumFactory, make_env_factory
@@ -75,14 +76,6 @@ def test_without_imageio_ffmpeg_the_video_path_says_what_to_install(monkeypatch,
         _member(GymnasiumFactory("CartPole-v1")).record(1, seed=0, video_dir=str(tmp_path))
 
 
-def _truncate_state(checkpoint):
-    """Truncates every file of a checkpoint's state, as a disk that filled up would."""
-    for folder, _, files in os.walk(os.path.join(checkpoint, "state")):
-        for name in files:
-            with open(os.path.join(folder, name), "r+b") as f:
-                f.truncate(0)
-
-
 def test_evaluate_and_load_pass_over_a_damaged_newest_checkpoint(tmp_path, capfd):
     """A short real run, its newest checkpoint truncated: evaluate.py and `trellis.load` use
     the one before, say so in one warning line, and leave the damaged one where it is (a
@@ -97,7 +90,7 @@ def test_evaluate_and_load_pass_over_a_damaged_newest_checkpoint(tmp_path, capfd
     directory = os.path.join(run_dir, "checkpoints")
     steps = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
     assert len(steps) >= 2, steps
-    _truncate_state(os.path.join(directory, str(steps[-1])))
+    truncate_state(os.path.join(directory, str(steps[-1])))
 
     out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "evaluate.py"), run_dir,
                           "--episodes=2"], cwd=REPO, capture_output=True, text=True,

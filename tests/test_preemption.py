@@ -18,6 +18,7 @@ import pytest
 
 from tests import launch_nodes as nodes
 from tests import processes
+from tests.checkpoints import truncate_state
 from trellis.builders.experiments.checkpointing import (
     CORRUPT_SUBDIR,
     Checkpointer,
@@ -177,14 +178,6 @@ def test_shutdown_past_the_bound_exits_3_saying_the_checkpoint_is_lost(tmp_path)
     assert _summary(run_dir)["exit_code"] == 3
 
 
-def _corrupt(checkpoint):
-    """Truncates every file of a checkpoint's state, as a disk that filled up would."""
-    for folder, _, files in os.walk(os.path.join(checkpoint, "state")):
-        for name in files:
-            with open(os.path.join(folder, name), "r+b") as f:
-                f.truncate(0)
-
-
 def _checkpoints(run_dir, steps):
     """A run directory with a small state checkpointed at `steps`."""
     checkpointer = Checkpointer(checkpoint_dir(run_dir), max_to_keep=len(steps))
@@ -197,7 +190,7 @@ def _checkpoints(run_dir, steps):
 def test_resume_falls_back_past_an_unreadable_newest_checkpoint(tmp_path, capfd):
     run_dir = str(tmp_path)
     _checkpoints(run_dir, [100, 200, 300])
-    _corrupt(os.path.join(run_dir, "checkpoints", "300"))
+    truncate_state(os.path.join(run_dir, "checkpoints", "300"))
 
     assert latest_checkpoint(run_dir) == (200, {"env_steps": 200, "learner_steps": 20})
     err = capfd.readouterr().err
@@ -226,7 +219,7 @@ def test_run_py_resumes_past_an_unreadable_newest_checkpoint(tmp_path):
     assert out.returncode == 0, out.stderr
     steps = _steps(run_dir)
     assert len(steps) >= 2, steps
-    _corrupt(os.path.join(run_dir, "checkpoints", str(steps[-1])))
+    truncate_state(os.path.join(run_dir, "checkpoints", str(steps[-1])))
     out = subprocess.run(RUN + [f"--resume={run_dir}", f"--total_env_steps={steps[-1] + 2000}",
                                 "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
