@@ -62,6 +62,19 @@ def ppo_run(tmp_path_factory) -> trellis.Run:
                          stop_at_return=SOLVED, logdir=str(directory), quiet=True)
 
 
+def test_a_run_of_an_agent_not_registered_here_says_to_give_the_object(ppo_run, tmp_path):
+    """A run whose config.json names an agent object's class (registered only by the process
+    that trained it): loading it elsewhere says, in the one line, to pass the object."""
+    shutil.copytree(ppo_run.directory, tmp_path / "run")
+    config_path = tmp_path / "run" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["command_line"]["agent"] = "GoneBuilder"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(UsageError, match=r"got 'GoneBuilder' \(an agent object's run: give the "
+                                         r"object, trellis.load\(run_dir, agent=OBJECT\)\)$"):
+        trellis.load(str(tmp_path / "run"))
+
+
 def test_importing_trellis_gives_the_version_and_loads_no_jax():
     code = ("import sys, trellis; print(trellis.__version__); "
             "print(sorted(m for m in ('jax', 'flax', 'trellis.launch.api') if m in sys.modules))")

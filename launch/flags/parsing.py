@@ -98,8 +98,13 @@ def parse(argv: Sequence[str], prog: str = "run.py", description: str = "",
     given, base, origin = given_options(argv, prog)
     agent = given.get("agent", base.get("agent", RunOptions.agent))
     if agent not in agent_names():
-        where = origin.get("agent", "--") if "agent" not in given else "--"
-        raise UsageError(f"{where}agent must be {agent_requirement()}, got {agent!r}")
+        if "agent" in given:
+            raise UsageError(f"--agent must be {agent_requirement()}, got {agent!r}")
+        # A saved name no agent here has: most likely an agent object's, registered by the
+        # process that trained it (trellis.train).
+        raise UsageError(f"{origin.get('agent', '--')}agent must be {agent_requirement()}, got "
+                         f"{agent!r} (an agent object's run: give the object, "
+                         f"trellis.load(run_dir, agent=OBJECT))")
     agent_config = agent_module(agent).Config
     known = _settings_by_name(agent_config)
     # Below everything given: the agent's own defaults for the platform (e.g. PPO on anakin),
