@@ -158,8 +158,9 @@ class DataParallelLearner:
         scalars (this process's copy)."""
         if not all(isinstance(x, jax.Array) and x.sharding == self._batch_sharding
                    for x in jax.tree.leaves(batch)):
-            # Not `place`d (placing again would only cost: a tenth of the learner thread).
-            batch = self.place(batch)
+            # Not `place`d. Once placed, device_put would change nothing and still take
+            # 0.4 ms of Python for IMPALA's 8 fields (2 cores): a tenth of the learner thread.
+            batch = self._to_mesh(dict(batch), self._batch_sharding)
         metrics: dict[str, jax.Array]
         self._state, metrics = self._update(self._state, batch)
         local: Metrics = self._local(metrics)
