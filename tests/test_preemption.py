@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -235,6 +236,32 @@ def test_no_readable_checkpoint_is_one_error(tmp_path):
     directory.mkdir(parents=True)
     with pytest.raises(CheckpointError, match="no readable checkpoint in .*checkpoints"):
         latest_checkpoint(str(tmp_path))
+
+
+# A learner's state sharded across four devices (a run's learner on a bigger machine).
+SAVE_ON_FOUR_DEVICES = """
+import sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from trellis.builders.experiments.checkpointing import Checkpointer, checkpoint_dir
+w = jax.device_put(np.arange(8.0), NamedSharding(Mesh(np.array(jax.devices()), ("data",)),
+                                                 PartitionSpec("data")))
+checkpointer = Checkpointer(checkpoint_dir(sys.argv[1]))
+checkpointer.save(100, {"w": w}, {"env_steps": 100, "learner_steps": 10})
+checkpointer.close()
+"""
+
+
+def test_a_checkpoint_made_on_other_devices_is_readable_for_a_resume(tmp_path):
+    """The newest readable checkpoint is found on a machine with fewer devices than the run
+    had (orbax, given no target, refused with "Topology mismatch": the resume said no
+    checkpoint was readable)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    subprocess.run([sys.executable, "-c", SAVE_ON_FOUR_DEVICES, str(tmp_path)], env=env,
+                   cwd=REPO, check=True, timeout=120)
+    assert jax.device_count() < 4
+    assert latest_checkpoint(str(tmp_path)) == (100, {"env_steps": 100, "learner_steps": 10})
+    assert not os.path.exists(os.path.join(str(tmp_path), CORRUPT_SUBDIR))
 
 
 def _learner_pid(launcher):

@@ -290,12 +290,18 @@ def _read_progress(directory: str, step: int) -> dict[str, Any]:
     ocp = _ocp()
     path = os.path.join(directory, str(step))
     try:
-        manager = ocp.CheckpointManager(directory, options=_alone(ocp))
+        manager = ocp.CheckpointManager(directory, options=_alone(ocp), item_handlers={
+            "state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()})
     except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
         raise CheckpointError(f"cannot read checkpoints in {directory}: {_one_line(e)}") from e
     try:
+        # Onto one device of this process: without a target, orbax places the arrays as they
+        # were saved and refuses ("Topology mismatch") where the run had other devices.
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                              manager.item_metadata(step)["state"])
         restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), progress=ocp.args.JsonRestore()))
+            state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()))
         progress = dict(restored.progress)
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"cannot read checkpoint {path}: {_one_line(e)}") from e
