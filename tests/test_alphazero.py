@@ -61,7 +61,8 @@ def _reference_recurrent_fn(env, network):
 
 
 @pytest.mark.parametrize("search,evaluation", [
-    ("muzero", False), ("muzero", True), pytest.param("gumbel", True, marks=pytest.mark.slow)])
+    ("muzero", False), pytest.param("muzero", True, marks=pytest.mark.slow),
+    pytest.param("gumbel", True, marks=pytest.mark.slow)])
 def test_search_policy_equals_mctx(search, evaluation):
     env = pgx.make("tic_tac_toe")
     # 8 simulations either way: self-play's num_simulations, evaluation's eval_simulations.

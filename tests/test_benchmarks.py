@@ -41,7 +41,7 @@ SCRIPTS = sorted(p for p in glob.glob(os.path.join(BENCHMARKS, "*.py")) if _is_s
 # test_anakin, test_ippo, test_soak, physics.py's smoke run for humanoid.py's envs;
 # compare.py's own part is its PyTorch peer, which the smoke run skips anyway).
 SLOW = {"atari.py", "alphazero.py", "anakin.py", "multi_agent.py", "soak.py", "humanoid.py",
-        "compare.py"}
+        "compare.py", "mujoco.py"}
 
 
 def smoke_flags(path: str) -> list[str] | None:

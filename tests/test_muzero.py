@@ -156,6 +156,8 @@ def _search_score(builder, program, params, num_games=400):
     return float(np.mean(play(jax.random.key(1))))
 
 
+# Slow: 31 s of the default suite; the search tests against mctx stay in it.
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # About a minute on 2 idle cores; ten at a load of 35.
 def test_short_self_play_improves_against_random():
     config = MuZeroConfig(unroll_length=9, batch_size=32, num_simulations=8, hidden_sizes=(64,),

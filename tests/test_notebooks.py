@@ -13,6 +13,8 @@ from nbclient import NotebookClient
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["quickstart", "custom_agent", "warehouses"]
+# warehouses trains a population (28 s of the default suite on 2 cores): slow.
+SLOW = {"warehouses"}
 
 
 def _set_source():
@@ -24,7 +26,8 @@ def _set_source():
     return module
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NOTEBOOKS])
 def test_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("TRELLIS_RUNS", str(tmp_path))  # Runs go here, not into the clone.
     path = os.path.join(REPO, "notebooks", f"{name}.ipynb")

@@ -257,6 +257,8 @@ def test_learns_simple_spread_above_random(agent, tmp_path):
     assert {f"learner/agent/{a}/reward_mean" for a in AGENTS} <= set(last)
 
 
+# Slow: 43 s of the default suite (MuZero's resume test is slow likewise).
+@pytest.mark.slow
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     """One Q-network per agent and QMIX's mixer: a run stopped at its budget and resumed ends
     with the same params as a run that went straight through."""

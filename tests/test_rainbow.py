@@ -254,7 +254,9 @@ def test_a_restored_learner_state_is_exact_and_updates_as_the_original(tmp_path)
 
 
 # 80k env steps: one run on the loaded 2-core machine (load 15-30) went 21 at 42k, 232 at 57k,
-# 336 at 66k, then dipped to 110-124 by 146k, as DQN's curves do.
+# 336 at 66k, then dipped to 110-124 by 146k, as DQN's curves do. Slow: 50 s of the default
+# suite (2 cores).
+@pytest.mark.slow
 def test_rainbow_learns_cartpole_on_local_mt(tmp_path):
     out = run(["--agent=rainbow", "--platform=local_mt", "--total_env_steps=80000",
                "--stop_at_return=none", "--eval_every=0", f"--logdir={tmp_path}"], timeout=600)

@@ -198,7 +198,8 @@ def test_a_checkpoint_that_does_not_fit_the_target_is_refused_naming_the_array(t
 
 @pytest.mark.parametrize(
     "flags", [("--platform=local_mp",),
-              ("--agent=ppo", "--platform=anakin", "--env=gymnax:CartPole-v1")],
+              pytest.param(("--agent=ppo", "--platform=anakin", "--env=gymnax:CartPole-v1"),
+                           marks=pytest.mark.slow)],
     ids=["local_mp", "anakin"])
 def test_a_resume_whose_settings_do_not_fit_the_checkpoint_fails_in_one_line_and_keeps_the_run(
         tmp_path, flags):

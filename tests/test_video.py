@@ -91,6 +91,8 @@ def test_what_does_not_render_is_refused_before_a_run():
         check_recordable(make_env_factory("pettingzoo:mpe2/simple_spread_v3"))
 
 
+# Slow: 34 s of the default suite; the host video tests stay in it.
+@pytest.mark.slow
 def test_a_jax_env_run_on_anakin_records_its_final_policy(tmp_path):
     run_dir = str(tmp_path / "run")
     out = subprocess.run(
