@@ -79,9 +79,10 @@ def test_ppo_solves_cartpole_balance_on_anakin(tmp_path):
     # since 6ae1e21), whose values the flags do not set (discount 0.995, reward_scale 10,
     # entropy 0.01, clip 0.3) left this run at 585 after 4M env steps (2026-11-29).
     code = run.main(["--agent=ppo", "--platform=anakin", f"--env={CARTPOLE}", "--quiet",
-                     "--preset=classic", "--batch_size=128", "--unroll_length=32", "--num_minibatches=4",
-                     "--num_epochs=4", "--updates_per_call=8", "--normalize_observations=true",
-                     "--learning_rate=1e-3", "--hidden_sizes=64,64",
+                     "--preset=classic", "--batch_size=128", "--unroll_length=32",
+                     "--num_minibatches=4", "--num_epochs=4", "--updates_per_call=8",
+                     "--normalize_observations=true", "--learning_rate=1e-3",
+                     "--hidden_sizes=64,64",
                      f"--stop_at_return={CARTPOLE_SOLVED}", "--total_env_steps=4000000",
                      f"--logdir={tmp_path / 'run'}"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
