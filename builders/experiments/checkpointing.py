@@ -78,6 +78,14 @@ def _alone(ocp: types.ModuleType, **options: Any) -> Any:
             primary_host=jax.process_index(), active_processes={jax.process_index()}))
 
 
+def _reader(directory: str) -> Any:
+    """A checkpoint manager of this process's own that reads `directory`'s checkpoints, with
+    the handlers reading metadata needs (the one that saves keeps orbax's defaults)."""
+    ocp = _ocp()
+    return ocp.CheckpointManager(directory, options=_alone(ocp), item_handlers={
+        "state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()})
+
+
 class Checkpointer:
     """Saves and restores (learner state, progress) pairs, keeping the last `max_to_keep`.
 
@@ -290,8 +298,7 @@ def _read_progress(directory: str, step: int) -> dict[str, Any]:
     ocp = _ocp()
     path = os.path.join(directory, str(step))
     try:
-        manager = ocp.CheckpointManager(directory, options=_alone(ocp), item_handlers={
-            "state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()})
+        manager = _reader(directory)
     except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
         raise CheckpointError(f"cannot read checkpoints in {directory}: {_one_line(e)}") from e
     try:
@@ -377,11 +384,8 @@ def _fitting(directory: str, step: int | None, target: Any) -> Any:
     path = os.path.join(directory, str(step))
     if step is None or not os.path.isdir(path):
         raise CheckpointError(f"no checkpoint to restore in {directory}")
-    ocp = _ocp()
-    # A reader of its own, with the handlers that reading metadata needs: the launcher's check
-    # has no Checkpointer, and the one that saves keeps orbax's defaults.
-    manager = ocp.CheckpointManager(directory, options=_alone(ocp), item_handlers={
-        "state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()})
+    # A reader of its own: the launcher's check has no Checkpointer.
+    manager = _reader(directory)
     try:
         saved = _shapes(manager.item_metadata(step)["state"])
     except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types.
