@@ -82,10 +82,12 @@ class DataParallelLearner:
         self._processes = len({d.process_index for d in devices})
         # A batch placed by a jitted identity: jit's own dispatch moves its host arrays in
         # C++, where `jax.device_put` walked IMPALA's 8 leaves in Python (25 us against
-        # 200 us of the prefetch thread per batch on 2 cores, 2026-11-29); its input is the
-        # transfer's own copy, so the output may take its buffers.
+        # 200 us of the prefetch thread per batch on 2 cores, 2026-11-29). Not donated: on a
+        # CPU device the input may be the host arrays' own memory, and with jax 0.4.34 (the
+        # dm-reverb environment) donating it fed IMPALA's first updates garbage (mean_rho=inf,
+        # NaN logits at acting) in most runs on one core.
         self._place = jax.jit(lambda batch: batch, in_shardings=self._batch_sharding,
-                              out_shardings=self._batch_sharding, donate_argnums=0)
+                              out_shardings=self._batch_sharding)
         self._update = jax.jit(
             training.make_update(self.mesh),
             in_shardings=(replicated, self._batch_sharding),
