@@ -242,14 +242,25 @@ def test_a_larger_size_is_compiled_only_once_the_feed_wants_it():
     time.sleep(0.3)
     assert compiled == [2]  # Serving started, but no batch waits for a larger size.
     wanted.set()
-    ahead.join()
+    deadline = time.monotonic() + 10
+    while compiled != [2, 4] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ahead.close()
     assert compiled == [2, 4]
-    # A stop ends the wait for a size nobody wanted.
+    # A learner that ends before the program's stop (its loop raised) ends the wait for a
+    # size nobody wanted: its node then fails at once instead of waiting for the stop.
+    ahead = CompileAhead(learner, {2: {"n": 2}, 4: {"n": 4}}, policy_compiled, threading.Event(),
+                         stop, on_compiled=lambda size: None)
+    closing = threading.Thread(target=ahead.close)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive() and compiled == [2, 4, 2]
+    # So does a stop.
     ahead = CompileAhead(learner, {2: {"n": 2}, 4: {"n": 4}}, policy_compiled, threading.Event(),
                          stop, on_compiled=lambda size: None)
     stop.set()
-    ahead.join()
-    assert compiled == [2, 4, 2]
+    ahead.close()
+    assert compiled == [2, 4, 2, 2]
 
 
 def test_fewer_unrolls_wait_until_the_larger_sizes_are_allowed():

@@ -199,7 +199,7 @@ class FollowerParts:
         try:
             self.batches.close(timeout_s=5.0)
         finally:
-            self.update.join()
+            self.update.close()
 
 
 class LearnerFollower:

@@ -140,7 +140,7 @@ class LearnerNode:
             try:
                 self._inference.join(timeout=5.0)
                 self._batches.close(timeout_s=5.0)
-                self._update.join()
+                self._update.close()
             finally:
                 # Also when a join or the feed's close fails: the last save finishes before the
                 # process exits, or the run loses its final checkpoint.

@@ -128,6 +128,8 @@ class CompileAhead:
         self.first = threading.Event()
         if not batches:
             self.first.set()
+        # Set by `close`: the learner ends before the program's stop when its loop fails.
+        self._closing = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(learner, batches, (after_first, wanted), stop, on_compiled),
             name="compile")
@@ -141,8 +143,8 @@ class CompileAhead:
                 if i > 0:
                     for event in waits:
                         while not event.wait(0.1):
-                            if stop.is_set():
-                                return  # Not needed before the stop.
+                            if stop.is_set() or self._closing.is_set():
+                                return  # Not needed before the learner ends.
                     # The feed batches to the sizes compiled so far meanwhile.
                     lower_thread_priority()
                 learner.compile(batch)
@@ -151,7 +153,9 @@ class CompileAhead:
         finally:
             self.first.set()  # A failed compile fails again, with its error, at the update.
 
-    def join(self) -> None:
+    def close(self) -> None:
+        """Compiles no more sizes; waits for the one under way (into the compilation cache)."""
+        self._closing.set()
         self._thread.join()
 
 
@@ -213,6 +217,7 @@ class LearnerUpdate:
         """The learning-rate factor in effect ({} without a schedule)."""
         return self._schedule.metrics() if self._schedule is not None else {}
 
-    def join(self) -> None:
-        """Waits for the compiles (their programs reach the compilation cache)."""
-        self._compiled.join()
+    def close(self) -> None:
+        """Ends the compiles ahead: the one under way finishes (its program reaches the
+        compilation cache), the sizes not begun are not compiled."""
+        self._compiled.close()
