@@ -1,6 +1,6 @@
 """MPO: the E-step's weights and temperature dual against float64 numpy and rlax's MPO ops,
 the decoupled KL terms by hand for 1-d Gaussians, the multipliers' directions, the periodic
-target copies, the policies, a short Pendulum run (and -200 in the slow suite), and a resumed
+target copies, the policies, a short Pendulum run (and -200 in the slow suite), and (slow) a resumed
 anakin run equal to an uninterrupted one."""
 
 from __future__ import annotations
@@ -288,6 +288,9 @@ ANAKIN_SMALL = ("--agent=mpo", "--platform=anakin", "--env=gymnax:Pendulum-v1", 
                 "--seed=3")
 
 
+# Slow: 18 s of the default suite, where test_anakin's resume test keeps the anakin
+# resume path (QMIX's and MuZero's resume tests are slow likewise).
+@pytest.mark.slow
 def test_a_resumed_anakin_run_equals_an_uninterrupted_one(tmp_path):
     """A run stopped at its budget and resumed ends with the same policy params as one that
     went straight through (they depend on all the rest: critic, targets, duals, the device

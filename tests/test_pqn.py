@@ -1,8 +1,7 @@
 """PQN: Q(lambda) targets against a float64 numpy recursion and a hand value, the loss and
 epsilon's schedule against hand values, the MinAtar torso's patch convolution against flax's,
-learning gymnax CartPole on anakin well above random,
-a resumed anakin run equal to an uninterrupted one, the host platforms, and (slow) MinAtar
-Breakout to IMPALA's 17."""
+learning gymnax CartPole on anakin well above random, the host platforms, and (slow) a resumed
+anakin run equal to an uninterrupted one and MinAtar Breakout to IMPALA's 17."""
 
 from __future__ import annotations
 
@@ -191,6 +190,9 @@ SMALL = ("--agent=pqn", "--platform=anakin", "--env=gymnax:CartPole-v1", "--quie
          "--learning_rate_schedule=constant")
 
 
+# Slow: 14 s of the default suite, where test_anakin's resume test keeps the anakin
+# resume path (QMIX's and MuZero's resume tests are slow likewise).
+@pytest.mark.slow
 def test_a_resumed_anakin_run_equals_an_uninterrupted_one(tmp_path):
     """A run stopped at its budget and resumed ends with the same params and env-step count
     (the epsilon it acts with) as one that went straight through."""
