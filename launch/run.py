@@ -43,6 +43,7 @@ from trellis.launch.flags import (  # noqa: E402
     list_presets,
     parse,
     platform_of,
+    preset_line,
 )
 
 
@@ -127,6 +128,9 @@ def final_video(run: RunSettings, builder: Any, env_factory: Any, run_dir: str) 
 
 def train(run: RunSettings, argv: Sequence[str]) -> int:
     """Runs the experiment of `run` (parsed from `argv`); returns the exit code (2: bad input)."""
+    line = preset_line(run.options.agent, run.options.preset)
+    if line is not None and not run.options.quiet:
+        print(line)
     try:
         run_dir, summary = execute(run, argv)
     except RunError as e:

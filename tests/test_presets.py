@@ -23,6 +23,7 @@ from trellis.launch.flags.presets import (
     FAMILIES,
     agent_presets,
     env_family,
+    preset_line,
     preset_rows,
     preset_table,
 )
@@ -171,6 +172,14 @@ def test_a_resumed_run_keeps_the_preset_its_config_recorded(tmp_path):
     assert again.options.preset == "mujoco" and again.agent.hidden_sizes == (256, 256)
     path.write_text(json.dumps({**saved, "preset": None}))
     assert flags.parse([f"--config={path}"]).agent == agent_module("td3").Config()
+
+
+def test_a_run_names_the_preset_with_settings_that_applied():
+    assert preset_line("impala", "minatar") == (
+        "preset minatar: 7 settings of --agent=impala (each with its source: docs/presets.md); "
+        "flags given override them, --preset=none drops them")
+    assert preset_line("impala", "classic") is None  # No settings: nothing to say.
+    assert preset_line("impala", None) is None
 
 
 def test_run_py_lists_the_presets():

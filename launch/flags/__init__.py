@@ -26,7 +26,7 @@ from trellis.launch.flags.files import FIXED_ON_RESUME, SEARCH, read_file, read_
 from trellis.launch.flags.members import member_hparams, member_search
 from trellis.launch.flags.parsing import load_run, parse, parse_groups
 from trellis.launch.flags.platform_choice import platform_of
-from trellis.launch.flags.presets import PRESET_NAMES, list_presets, preset_settings
+from trellis.launch.flags.presets import PRESET_NAMES, list_presets, preset_line, preset_settings
 from trellis.launch.flags.run_settings import AtariConfig, RunOptions, RunSettings
 from trellis.launch.flags.values import AUTO, UsageError, from_text
 
@@ -34,5 +34,5 @@ __all__ = [
     "ANAKIN", "AUTO", "ENV_KWARGS", "FIXED_ON_RESUME", "PRESET_NAMES", "SEARCH", "AtariConfig",
     "RunOptions", "RunSettings", "UsageError", "env_factory", "env_kwargs", "from_text",
     "list_presets", "load_run", "member_hparams", "member_search", "parse", "parse_groups",
-    "platform_of", "preset_settings", "read_file", "read_search",
+    "platform_of", "preset_line", "preset_settings", "read_file", "read_search",
 ]

@@ -154,6 +154,17 @@ def preset_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def preset_line(agent: str, preset: str | None) -> str | None:
+    """The line a run prints at its start where a preset with settings applies (None
+    otherwise): which, how many settings, where they are listed, how to override or drop them."""
+    settings = agent_presets(agent).get(preset) if preset is not None else None
+    if not settings:
+        return None
+    count = f"{len(settings)} setting{'s' if len(settings) > 1 else ''}"
+    return (f"preset {preset}: {count} of --agent={agent} (each with its "
+            f"source: docs/presets.md); flags given override them, --preset=none drops them")
+
+
 def list_presets() -> str:
     """What `run.py --list_presets` prints: the env families, the preset of each and the agents
     that have it, each with its source; docs/presets.md has every setting."""
