@@ -1,7 +1,7 @@
 """MPO: the E-step's weights and temperature dual against float64 numpy and rlax's MPO ops,
 the decoupled KL terms by hand for 1-d Gaussians, the multipliers' directions, the periodic
-target copies, the policies, a short Pendulum run (and -200 in the slow suite), and (slow) a resumed
-anakin run equal to an uninterrupted one."""
+target copies, the policies, a short Pendulum run (and -200 in the slow suite), and (slow) a
+resumed anakin run equal to an uninterrupted one."""
 
 from __future__ import annotations
 
