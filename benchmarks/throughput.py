@@ -8,7 +8,9 @@
 and the RPC socket (socket). Each gives two rates: from the learner node's start (policy and
 learner compilation included, as a run of that length sees it) and steady, from the first
 learner update (the first env step for (b)) to the end, once every program is compiled (the
-policy's smaller batch sizes compile while it serves: the window opens once they have).
+policy's smaller batch sizes compile while it serves: the window opens once they have; the
+learner's update compiles a larger batch size when the feed first asks for it, which may be
+well into the run: the window reopens after each such compile).
 
 Usage: python benchmarks/throughput.py [--env CartPole-v1] [--num_actors 2]
        [--envs_per_actor 32] [--env_steps 300000] [--transports shm,socket]
@@ -58,8 +60,9 @@ def pipeline(factory: GymnasiumFactory, platform_name: str, transport: str, args
 
     `env_steps_per_s` counts from the learner node's start (after JAX import and program
     start-up, with the policy's and the learner's compilation inside); `steady_env_steps_per_s`
-    from the first learner stats that show an update (an env step when not learning) and the
-    policy compiled for every batch size, to the end, so it is the rate a long run settles to.
+    from the first learner stats that show an update (an env step when not learning), the
+    policy compiled for every batch size and the update for every size the run has asked for
+    so far, to the end, so it is the rate a long run settles to.
     """
     from trellis.agents.impala import ImpalaBuilder, ImpalaConfig
     from trellis.builders.experiments.program import make_program
@@ -76,8 +79,8 @@ def pipeline(factory: GymnasiumFactory, platform_name: str, transport: str, args
     program = make_program(builder, factory, config, name="throughput")
     start = time.perf_counter()
     running = runtime.launch(program, platform=platform_name, block=False)
-    warm = _first_stats(running, program.handles("learner")[0].dereference(),
-                        "learner_steps" if learn else "env_steps")
+    warm = _steady_start(running, program.handles("learner")[0].dereference(),
+                         "learner_steps" if learn else "env_steps")
     result = running.wait()
     wall = time.perf_counter() - start
     if result.stopped_by != "requested":
@@ -95,17 +98,24 @@ def pipeline(factory: GymnasiumFactory, platform_name: str, transport: str, args
     }
 
 
-def _first_stats(running, learner, count: str, period_s: float = 0.1) -> dict | None:
-    """The learner's first stats with `count` > 0 and the policy compiled for every batch
-    size, polled every `period_s` while the program runs; None if it stopped before."""
+def _steady_start(running, learner, count: str, period_s: float = 0.1) -> dict | None:
+    """The learner's stats where the steady window opens, polled every `period_s` while the
+    program runs: the first with `count` > 0 and the policy compiled for every batch size,
+    or, where the learner's update is compiled for a larger batch size after that (the feed
+    asks for it once unrolls wait), the first after its last such compile; None if the
+    program stopped before the window opened."""
+    start = None
     while running.wait(timeout=period_s) is None:
         try:
             stats = learner.stats()
         except (ConnectionError, EOFError):  # The learner node stopped meanwhile.
-            return None
-        if stats[count] > 0 and stats["startup"]["policy_compiled"] is not None:
-            return stats
-    return None
+            break
+        if start is None:
+            if stats[count] > 0 and stats["startup"]["policy_compiled"] is not None:
+                start = stats
+        elif stats["startup"]["learner_compiled"] != start["startup"]["learner_compiled"]:
+            start = stats
+    return start
 
 
 def main() -> None:

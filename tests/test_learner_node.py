@@ -238,15 +238,19 @@ def test_a_larger_size_is_compiled_only_once_the_feed_wants_it():
     ahead = CompileAhead(learner, {2: {"n": 2}, 4: {"n": 4}}, policy_compiled, wanted, stop,
                          on_compiled=lambda size: wanted.clear())
     assert ahead.first.wait(10) and compiled == [2]
+    first_at = ahead.compiled_at
+    assert first_at is not None
     policy_compiled.set()
     time.sleep(0.3)
     assert compiled == [2]  # Serving started, but no batch waits for a larger size.
+    assert ahead.compiled_at == first_at
     wanted.set()
     deadline = time.monotonic() + 10
     while compiled != [2, 4] and time.monotonic() < deadline:
         time.sleep(0.01)
     ahead.close()
-    assert compiled == [2, 4]
+    # The larger size's compile is when a run's rate settles (throughput.py's steady window).
+    assert compiled == [2, 4] and ahead.compiled_at >= first_at + 0.3
     # A learner that ends before the program's stop (its loop raised) ends the wait for a
     # size nobody wanted: its node then fails at once instead of waiting for the stop.
     ahead = CompileAhead(learner, {2: {"n": 2}, 4: {"n": 4}}, policy_compiled, threading.Event(),
@@ -470,7 +474,7 @@ def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside():
                                                  threading.Event(), stop, lambda size: None),
                            None, ExperimentConfig(), batch_size=2)
     node = LearnerNode(inference, batches, update, counter, lambda snapshot: None,
-                       LearnerStats(counter, inference, lambda: 0, log_every_s=0.0),
+                       LearnerStats(counter, inference, lambda: 0, lambda: None, log_every_s=0.0),
                        checkpointer=None, stop=stop)
     running = threading.Thread(target=node.run)
     running.start()

@@ -112,13 +112,17 @@ class LearnerStats:
         startup times count from its counts now).
       inference: the inference server (its `steps`, `batches` and `slot_resets`).
       queue_size: the learner's input's size (`UnrollFeed.size`, `ReplayFeed.size`).
+      compiled_at: when the learner's update was last compiled for a batch size
+        (`CompileAhead.compiled_at`; None before the first).
       log_every_s: how often the learner's metrics are pulled from the device (`due`).
     """
 
     def __init__(self, counter: Counter, inference: InferenceServer,
-                 queue_size: Callable[[], int], log_every_s: float):
+                 queue_size: Callable[[], int], compiled_at: Callable[[], float | None],
+                 log_every_s: float):
         self._inference = inference
         self._queue_size = queue_size
+        self._compiled_at = compiled_at
         self._rate = StepRate(counter.env_steps())
         self._startup = StartupTimes(counter.snapshot())
         # Pulling metrics syncs with the device: only once per log interval.
@@ -170,7 +174,8 @@ class LearnerStats:
             # A dict: metrics records and TensorBoard leave it out.
             startup={"first_env_step": self._startup.first_env_step,
                      "first_learner_step": self._startup.first_learner_step,
-                     "policy_compiled": self._startup.policy_compiled},
+                     "policy_compiled": self._startup.policy_compiled,
+                     "learner_compiled": self._compiled_at()},
             **self._metrics,
         )
         return stats

@@ -9,6 +9,7 @@ each update's metrics checked for NaN and Inf one update late (`FiniteCheck`).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -126,6 +127,9 @@ class CompileAhead:
                  after_first: threading.Event, wanted: threading.Event, stop: StopEvent,
                  on_compiled: Callable[[int], None]):
         self.first = threading.Event()
+        # `time.time()` when the last size was compiled (None before the first): a run's rate
+        # settles once the sizes it needs are (throughput.py's steady window opens there).
+        self.compiled_at: float | None = None
         if not batches:
             self.first.set()
         # Set by `close`: the learner ends before the program's stop when its loop fails.
@@ -148,6 +152,7 @@ class CompileAhead:
                     # The feed batches to the sizes compiled so far meanwhile.
                     lower_thread_priority()
                 learner.compile(batch)
+                self.compiled_at = time.time()
                 on_compiled(size)
                 self.first.set()
         finally:

@@ -203,7 +203,8 @@ def learner_node(builder: Builder[Any], env_factory: EnvFactory, config: Experim
         inference, batches, LearnerUpdate(learner, compiled, schedule, config,
                                           queue_spec.batch_size),
         counter, stop_rule or StopRule.of(config),
-        LearnerStats(counter, inference, feed.size, config.log_every_s), checkpointer, stop,
+        LearnerStats(counter, inference, feed.size, lambda: compiled.compiled_at,
+                     config.log_every_s), checkpointer, stop,
         learn=config.learn, group=group)
 
 
