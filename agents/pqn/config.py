@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.builders.contract.config import AgentConfig, setting
+from trellis.agents.common.q_learning import QLambdaConfig
 
 # The sources of the defaults below (settings, not code):
 # - the paper: Gallici et al., 2024, "Simplifying Deep Temporal Difference Learning",
@@ -16,7 +16,7 @@ from trellis.builders.contract.config import AgentConfig, setting
 
 
 @dataclasses.dataclass(frozen=True)
-class PQNConfig(AgentConfig):
+class PQNConfig(QLambdaConfig):
     """Hyper-parameters of PQN (Gallici et al., 2024): Q-learning on the unrolls of many
     parallel envs, with Q(lambda) targets over each batch, a layer-normed Q-network, no target
     network and no replay; epsilon-greedy acting with a linearly decaying epsilon; several
@@ -41,32 +41,11 @@ class PQNConfig(AgentConfig):
     learning_rate_schedule: str = "linear"
     max_grad_norm: float = 10.0  # MAX_GRAD_NORM.
 
-    q_lambda: float = setting(0.65, "Q(lambda)'s lambda (LAMBDA)", ge=0, le=1)
-    num_epochs: int = setting(2, "passes over each batch (NUM_EPOCHS)", ge=1)
-    num_minibatches: int = setting(
-        32, "minibatches per pass (NUM_MINIBATCHES); must divide unroll_length * batch_size",
-        ge=1)
-
-    # Exploration: epsilon falls linearly from epsilon_start to epsilon_finish over
-    # epsilon_decay_env_steps, then stays (EPS_DECAY 0.1 of TOTAL_TIMESTEPS_REAL 1e7 = 1M).
-    epsilon_start: float = setting(1.0, "exploration epsilon at the start (EPS_START)",
-                                   ge=0, le=1)
-    epsilon_finish: float = setting(0.05, "exploration epsilon after the decay (EPS_FINISH)",
-                                    ge=0, le=1)
-    epsilon_decay_env_steps: int = setting(
-        1_000_000, "env steps over which epsilon falls from start to finish; 0: finish from "
-        "the start", ge=0)
-
-    reward_scale: float = setting(1.0, "the learner multiplies rewards by this (REW_SCALE)",
-                                  gt=0)
-
-    def check(self) -> None:
-        if self.num_transitions % self.num_minibatches:
-            raise self.invalid(
-                "num_minibatches", f"a divisor of unroll_length * batch_size = "
-                f"{self.num_transitions} (the transitions of a batch)")
-
-    @property
-    def num_transitions(self) -> int:
-        """Transitions per learner batch, T * B."""
-        return self.unroll_length * self.batch_size
+    q_lambda: float = 0.65  # LAMBDA.
+    num_epochs: int = 2  # NUM_EPOCHS.
+    num_minibatches: int = 32  # NUM_MINIBATCHES.
+    # EPS_DECAY 0.1 of TOTAL_TIMESTEPS_REAL 1e7 = 1M.
+    epsilon_start: float = 1.0  # EPS_START.
+    epsilon_finish: float = 0.05  # EPS_FINISH.
+    epsilon_decay_env_steps: int = 1_000_000
+    reward_scale: float = 1.0  # REW_SCALE.

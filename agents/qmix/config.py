@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from trellis.agents.common.multi_agent import PolicyMappingConfig
-from trellis.builders.contract.config import AgentConfig, setting
+from trellis.agents.common.q_learning import QLambdaConfig
+from trellis.builders.contract.config import setting
 
 # The sources of the defaults below (settings, not code):
 # - JaxMARL's feed-forward PQN-VDN on MPE (github.com/FLAIROx/JaxMARL at 3ca758b,
@@ -20,7 +21,7 @@ MIXERS = (VDN, QMIX)
 
 
 @dataclasses.dataclass(frozen=True)
-class QMIXConfig(PolicyMappingConfig, AgentConfig):
+class QMIXConfig(PolicyMappingConfig, QLambdaConfig):
     """Hyper-parameters of value-decomposition Q-learning on a cooperative multi-agent env:
     each policy's Q-network (layer-normed, as PQN's) gives its agents' Q-values; the team's
     Q is their sum (VDN, Sunehag et al., 2018) or a monotonic mix of them conditioned on the
@@ -49,36 +50,14 @@ class QMIXConfig(PolicyMappingConfig, AgentConfig):
                                      ge=1)
     hypernet_hidden_size: int = setting(
         64, "hidden units of QMIX's hypernetworks (MIXER_HYPERNET_HIDDEN_DIM)", ge=1)
-    q_lambda: float = setting(0.3, "Q(lambda)'s lambda (LAMBDA)", ge=0, le=1)
-    num_epochs: int = setting(4, "passes over each batch (NUM_EPOCHS)", ge=1)
-    num_minibatches: int = setting(
-        16, "minibatches per pass (NUM_MINIBATCHES); must divide unroll_length * batch_size",
-        ge=1)
-
-    # Exploration: epsilon falls linearly from epsilon_start to epsilon_finish over
-    # epsilon_decay_env_steps, then stays (EPS_DECAY 0.1 of TOTAL_TIMESTEPS 2e6 = 200k).
-    epsilon_start: float = setting(1.0, "exploration epsilon at the start (EPS_START)",
-                                   ge=0, le=1)
-    epsilon_finish: float = setting(0.1, "exploration epsilon after the decay (EPS_FINISH)",
-                                    ge=0, le=1)
-    epsilon_decay_env_steps: int = setting(
-        200_000, "env steps over which epsilon falls from start to finish; 0: finish from "
-        "the start", ge=0)
-
-    reward_scale: float = setting(1.0, "the learner multiplies the team's reward by this",
-                                  gt=0)
-
-    def check(self) -> None:
-        super().check()
-        if self.num_transitions % self.num_minibatches:
-            raise self.invalid(
-                "num_minibatches", f"a divisor of unroll_length * batch_size = "
-                f"{self.num_transitions} (the env steps of a batch)")
-
-    @property
-    def num_transitions(self) -> int:
-        """Team transitions per learner batch, T * B."""
-        return self.unroll_length * self.batch_size
+    q_lambda: float = 0.3  # LAMBDA.
+    num_epochs: int = 4  # NUM_EPOCHS.
+    num_minibatches: int = 16  # NUM_MINIBATCHES.
+    # EPS_DECAY 0.1 of TOTAL_TIMESTEPS 2e6 = 200k.
+    epsilon_start: float = 1.0  # EPS_START.
+    epsilon_finish: float = 0.1  # EPS_FINISH.
+    epsilon_decay_env_steps: int = 200_000
+    reward_scale: float = 1.0  # REW_SCALE.
 
 
 @dataclasses.dataclass(frozen=True)
