@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import rlax
 
-from trellis.builders.contract.config import AgentConfig, setting
+from trellis.builders.contract.config import MinibatchConfig, setting
 
 
 def q_lambda_targets(
@@ -85,16 +85,12 @@ def epsilon_greedy(key: jax.Array, q_values: jax.Array, epsilon: jax.Array | flo
 
 
 @dataclasses.dataclass(frozen=True)
-class QLambdaConfig(AgentConfig):
+class QLambdaConfig(MinibatchConfig):
     """The settings that PQN and QMIX/VDN share: Q(lambda) targets over each batch of unrolls,
-    several epochs of minibatches, and epsilon-greedy acting with a linearly decaying epsilon.
-    Each agent redefines the defaults to its published ones; the declarations stay here."""
+    several epochs of minibatches (NUM_EPOCHS, NUM_MINIBATCHES), and epsilon-greedy acting
+    with a linearly decaying epsilon. Each agent redefines the defaults to its published ones; the declarations stay here."""
 
     q_lambda: float = setting(0.65, "Q(lambda)'s lambda (LAMBDA)", ge=0, le=1)
-    num_epochs: int = setting(2, "passes over each batch (NUM_EPOCHS)", ge=1)
-    num_minibatches: int = setting(
-        32, "minibatches per pass (NUM_MINIBATCHES); must divide unroll_length * batch_size",
-        ge=1)
     # Epsilon falls linearly from epsilon_start to epsilon_finish over epsilon_decay_env_steps,
     # then stays (the published EPS_DECAY is a fraction of the run's steps).
     epsilon_start: float = setting(1.0, "exploration epsilon at the start (EPS_START)",
@@ -106,15 +102,3 @@ class QLambdaConfig(AgentConfig):
         "the start", ge=0)
     reward_scale: float = setting(1.0, "the learner multiplies rewards (on a multi-agent env, "
                                   "the team's) by this (REW_SCALE)", gt=0)
-
-    def check(self) -> None:
-        super().check()
-        if self.num_transitions % self.num_minibatches:
-            raise self.invalid(
-                "num_minibatches", f"a divisor of unroll_length * batch_size = "
-                f"{self.num_transitions} (the transitions of a batch)")
-
-    @property
-    def num_transitions(self) -> int:
-        """Transitions per learner batch, T * B (a team's transition counts once)."""
-        return self.unroll_length * self.batch_size

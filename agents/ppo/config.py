@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from trellis.agents.presets import Preset
-from trellis.builders.contract.config import AgentConfig, setting
+from trellis.builders.contract.config import MinibatchConfig, setting
 
 # The defaults that differ on a platform; run.py applies them (flags, --config and --resume
 # still override them). On anakin the whole loop runs in one program and an env step costs
@@ -20,7 +20,7 @@ PLATFORM_DEFAULTS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig(AgentConfig):
+class PPOConfig(MinibatchConfig):
     """Hyper-parameters of PPO (Schulman et al., 2017).
 
     Defaults solve CartPole-v1 fast on a 2-core machine with run.py's 2 x 32 envs (tuned with
@@ -45,9 +45,8 @@ class PPOConfig(AgentConfig):
 
     # Optimisation per batch: `num_epochs` passes, each over `num_minibatches` minibatches
     # of the batch's T * B transitions, shuffled.
-    num_epochs: int = setting(4, "passes over each batch", ge=1)
-    num_minibatches: int = setting(
-        4, "minibatches per pass; must divide unroll_length * batch_size", ge=1)
+    num_epochs: int = 4
+    num_minibatches: int = 4
 
     # Returns and advantages: GAE on the values recorded when acting (PPO), or V-trace on the
     # learner's own values and importance weights (APPO: Sample Factory's algorithm, for data
@@ -74,22 +73,6 @@ class PPOConfig(AgentConfig):
     reward_clip: float | None = setting(
         None, "the learner clips rewards to [-reward_clip, reward_clip] before reward_scale "
         "(Atari: 1); the reported returns stay unclipped; none: no clipping", gt=0)
-
-    def check(self) -> None:
-        if self.num_transitions % self.num_minibatches:
-            raise self.invalid(
-                "num_minibatches", f"a divisor of unroll_length * batch_size = "
-                f"{self.num_transitions} (the transitions of a batch)")
-
-    @property
-    def num_transitions(self) -> int:
-        """Transitions per learner batch, T * B."""
-        return self.unroll_length * self.batch_size
-
-    @property
-    def minibatch_size(self) -> int:
-        """Transitions per minibatch."""
-        return self.num_transitions // self.num_minibatches
 
 
 @dataclasses.dataclass(frozen=True)

@@ -388,6 +388,33 @@ class AgentConfig(Config):
 
 
 @dataclasses.dataclass(frozen=True)
+class MinibatchConfig(AgentConfig):
+    """The settings of the agents that make several passes of shuffled minibatches over each
+    batch of unrolls (PPO and its kin, PQN, QMIX/VDN)."""
+
+    num_epochs: int = setting(4, "passes over each batch", ge=1)
+    num_minibatches: int = setting(
+        4, "minibatches per pass; must divide unroll_length * batch_size", ge=1)
+
+    def check(self) -> None:
+        super().check()
+        if self.num_transitions % self.num_minibatches:
+            raise self.invalid(
+                "num_minibatches", f"a divisor of unroll_length * batch_size = "
+                f"{self.num_transitions} (the transitions of a batch)")
+
+    @property
+    def num_transitions(self) -> int:
+        """Transitions per learner batch, T * B (a team's transition counts once)."""
+        return self.unroll_length * self.batch_size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Transitions per minibatch."""
+        return self.num_transitions // self.num_minibatches
+
+
+@dataclasses.dataclass(frozen=True)
 class ReplayConfig(AgentConfig):
     """The settings of the agents that learn from a replay table (DQN, Ape-X, SAC): each
     learner step inserts its unrolls as n-step transitions, then takes SGD steps on samples."""
