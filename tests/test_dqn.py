@@ -1,6 +1,8 @@
 """DQN: n-step double-Q targets, the weighted loss, unrolls -> transitions, priorities,
 the learner, and Ape-X through launch/run.py on local_mp."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ from trellis.agents.common.replay import unrolls_to_transitions
 from trellis.agents.dqn import DQNBuilder, DQNConfig
 from trellis.agents.dqn.config import ApexConfig
 from trellis.agents.dqn.losses import double_q_td_error, weighted_huber_loss
+from trellis.builders.experiments import checkpointing
 from trellis.envs import GymnasiumFactory
 from trellis.envs.specs import EnvSpec
 
@@ -161,6 +164,33 @@ def test_updates_reduce_td_error_on_a_fixed_batch():
     for _ in range(30):
         last = learner.step({k: v[:1] for k, v in unrolls.items()})  # Nothing new inserted.
     assert float(last["td_abs"]) < 0.5 * float(first["td_abs"]), (first, last)
+
+
+def test_a_saved_replay_is_restored_as_it_was_and_only_the_newest_is_kept(tmp_path):
+    learner = small_learner()
+    rng = np.random.default_rng(3)
+    learner.step(cartpole_unrolls(rng, t1=9))  # Filled, sampled and its priorities updated.
+    directory = str(tmp_path / "checkpoints")
+    saved = checkpointing.save_replay(learner, directory, 100)
+    assert saved == len(learner.replay.table) >= 64
+    other = small_learner()
+    assert checkpointing.restore_replay(other, directory, 99) is None  # None with that step.
+    assert checkpointing.restore_replay(other, directory, 100) == saved
+    # The same items, priorities and sampling state: both draw the same sample.
+    a, b = learner.replay.table.sample(128), other.replay.table.sample(128)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.priorities, b.priorities)
+    for k in a.data:
+        np.testing.assert_array_equal(a.data[k], b.data[k])
+    # New items enter at the largest priority so far, which the table alone does not hold.
+    unrolls = cartpole_unrolls(rng, t1=3)
+    learner.replay.add(unrolls, learner._max_priority)
+    other.replay.add(unrolls, other._max_priority)
+    assert learner._max_priority == other._max_priority > 1.0
+    a, b = learner.replay.table.sample(256), other.replay.table.sample(256)
+    np.testing.assert_array_equal(a.priorities, b.priorities)
+    checkpointing.save_replay(learner, directory, 200)
+    assert os.listdir(tmp_path / "replay") == ["200"]
 
 
 # Four actions and four features: with identity kernels the Q-values rank like the features.

@@ -155,6 +155,29 @@ def test_recurrent_agent_resumes_its_lstm_params_and_counters(tmp_path):
     assert config["agent_config"]["core"] == "lstm"
 
 
+def test_a_replay_agent_resumed_from_its_final_checkpoint_goes_on_with_its_replay(tmp_path):
+    run_dir = tmp_path / "run"
+    first = subprocess.run(
+        RUN + ["--agent=dqn", "--platform=local_mt", "--total_env_steps=2000",
+               "--stop_at_return=none", "--min_replay_size=500", "--eval_every=0",
+               f"--logdir={run_dir}", "--quiet"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)  # A hang guard.
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved, step = map(int, re.search(r"replay of (\d+) items saved with checkpoint (\d+)",
+                                      first.stderr).groups())
+    assert saved >= 500 and _checkpoints(run_dir)[-1] == step
+    assert os.listdir(run_dir / "replay") == [str(step)]
+    second = subprocess.run(RUN + [f"--resume={run_dir}", "--total_env_steps=4000", "--quiet"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"checkpoint {step}: its replay of {saved} items restored" in second.stderr
+    with open(run_dir / "metrics.jsonl") as f:
+        sizes = [r["learner/replay_size"] for r in map(json.loads, f)
+                 if r["env_steps"] > step and "learner/replay_size" in r]
+    assert sizes and min(sizes) > saved  # The table went on growing from what was saved.
+    assert os.listdir(run_dir / "replay") == [str(_checkpoints(run_dir)[-1])]
+
+
 def test_checkpoints_keep_zero_size_arrays(tmp_path):
     """orbax refuses zero-size arrays (an MJX env's state has some): they are left out of the
     checkpoint and restored from the target, the rest exactly."""

@@ -5,6 +5,8 @@ variant `ReplayLearner` (n-step transitions replayed in-process)."""
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +20,10 @@ from trellis.agents.common.replay import TransitionReplay
 from trellis.agents.common.training import get_hparams, set_hparams
 from trellis.builders.contract.agent import Training, init_device
 from trellis.builders.contract.config import ReplayConfig
+
+# `ReplayLearner.save_replay`'s layout: the table client's checkpoint, and the learner's own.
+_REPLAY_TABLES = "tables"
+_REPLAY_LEARNER = "learner.json"
 
 Batch = Mapping[str, jax.Array]  # Unrolls, time-major: each leaf [T+1, B, ...].
 # A learner step's metrics: device scalars, and host counts (`ReplayLearner`'s replay_size).
@@ -214,8 +220,9 @@ class ReplayLearner(DataParallelLearner):
     unroll queue holds the workers back; when they lag, the learner waits for unrolls. When
     the update returns `priorities` [U, S] they are written back, and new transitions enter at
     the largest priority so far, so each is sampled at least once soon
-    (Schaul et al., 2016); a uniform selector ignores priorities. The table is not
-    checkpointed: a resumed run refills it before learning again.
+    (Schaul et al., 2016); a uniform selector ignores priorities. The table is saved beside
+    a session's final checkpoint (`save_replay`, the contract's `KeepsReplay`) and restored
+    when the run resumes from it; resumed from a periodic checkpoint, it refills first.
 
     Args:
       training: as for `DataParallelLearner`; its update takes the minibatches as
@@ -246,6 +253,24 @@ class ReplayLearner(DataParallelLearner):
         self._max_priority = 1.0
         self._owed = 0.0  # SGD steps the env steps learned from owe (with replay_ratio).
         self._sgd_steps = 0
+
+    def save_replay(self, directory: str) -> int:
+        """Writes the table and the priority new items enter at into `directory`."""
+        self.replay.client.checkpoint(os.path.join(directory, _REPLAY_TABLES))
+        with open(os.path.join(directory, _REPLAY_LEARNER), "w") as f:
+            json.dump({"max_priority": self._max_priority}, f)
+        return len(self.replay.table)
+
+    def restore_replay(self, directory: str) -> int:
+        """Reads what `save_replay` wrote to `directory` into the table.
+
+        Raises:
+          ValueError: the saved table's spec is not this learner's (nothing is changed).
+        """
+        self.replay.client.restore(os.path.join(directory, _REPLAY_TABLES))
+        with open(os.path.join(directory, _REPLAY_LEARNER)) as f:
+            self._max_priority = float(json.load(f)["max_priority"])
+        return len(self.replay.table)
 
     def place(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The batch as it is: its unrolls go into the host table first."""

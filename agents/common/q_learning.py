@@ -88,7 +88,8 @@ def epsilon_greedy(key: jax.Array, q_values: jax.Array, epsilon: jax.Array | flo
 class QLambdaConfig(MinibatchConfig):
     """The settings that PQN and QMIX/VDN share: Q(lambda) targets over each batch of unrolls,
     several epochs of minibatches (NUM_EPOCHS, NUM_MINIBATCHES), and epsilon-greedy acting
-    with a linearly decaying epsilon. Each agent redefines the defaults to its published ones; the declarations stay here."""
+    with a linearly decaying epsilon. Each agent redefines the defaults to its published ones;
+    the declarations stay here."""
 
     q_lambda: float = setting(0.65, "Q(lambda)'s lambda (LAMBDA)", ge=0, le=1)
     # Epsilon falls linearly from epsilon_start to epsilon_finish over epsilon_decay_env_steps,

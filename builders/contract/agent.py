@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -246,6 +246,24 @@ class Learner(Protocol):
     def state(self) -> Any: ...
 
     def restore(self, state: Any) -> None: ...
+
+
+@runtime_checkable
+class KeepsReplay(Protocol):
+    """A learner that keeps a replay table of its own (an off-policy learner's transitions),
+    which its `state` leaves out: the learner node saves it beside the final checkpoint of a
+    session, and a resumed run restores it, so the run goes on learning from the data it had
+    instead of refilling the table first."""
+
+    def save_replay(self, directory: str) -> int:
+        """Writes the table (and whatever sampling from it needs) into the empty `directory`;
+        returns the items saved."""
+        ...
+
+    def restore_replay(self, directory: str) -> int:
+        """Replaces the table with the one `save_replay` wrote to `directory`; returns the
+        items restored."""
+        ...
 
 
 class AgentSettings(Protocol):

@@ -17,7 +17,9 @@ import functools
 import importlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -26,11 +28,14 @@ import jax
 import jax.numpy as jnp
 
 from trellis.agents.common import with_learning_rate_factor, without_learning_rate_factor
-from trellis.builders.contract.agent import Learner
+from trellis.builders.contract.agent import KeepsReplay, Learner
 from trellis.builders.contract.config import ExperimentConfig
 from trellis.builders.experiments.counter import Counter
 
 CHECKPOINT_SUBDIR = "checkpoints"
+# Where a learner's replay (`KeepsReplay`) is saved beside the checkpoints (orbax owns
+# CHECKPOINT_SUBDIR): one directory per step, only the newest kept (each may be gigabytes).
+REPLAY_SUBDIR = "replay"
 # Where checkpoints that cannot be read are moved (beside CHECKPOINT_SUBDIR), never deleted.
 CORRUPT_SUBDIR = "corrupt_checkpoints"
 
@@ -197,7 +202,47 @@ def open_checkpoints(checkpoints: Checkpoints | None, learner: Learner,
         return checkpointer, Counter(config.return_window)
     state, progress = checkpointer.restore(learner.state, step)
     learner.restore(state)
+    if isinstance(learner, KeepsReplay):
+        items = restore_replay(learner, checkpoints.directory, step)
+        print(f"[learner] checkpoint {step}: " + (
+            f"its replay of {items} items restored" if items is not None else
+            "no replay was saved with it (only a session's final checkpoint has one): the "
+            "table refills before learning"), file=sys.stderr, flush=True)
     return checkpointer, Counter.restore(progress, config.return_window)
+
+
+def save_replay(learner: KeepsReplay, directory: str, step: int) -> int:
+    """Saves `learner`'s replay beside checkpoint `step` of the checkpoints `directory`, then
+    removes the older ones; returns the items saved.
+
+    Written to a temporary directory that is then renamed: a process killed meanwhile (its
+    shutdown bound ran out) leaves the previous replay or none, never a part of one.
+    """
+    root = os.path.join(os.path.dirname(directory), REPLAY_SUBDIR)
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{step}.tmp-", dir=root)
+    try:
+        items = learner.save_replay(tmp)
+        final = os.path.join(root, str(step))
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for name in os.listdir(root):  # Older replays, and temporaries of killed saves.
+        if name != str(step):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return items
+
+
+def restore_replay(learner: KeepsReplay, directory: str, step: int) -> int | None:
+    """Restores into `learner` the replay saved beside checkpoint `step` of the checkpoints
+    `directory` (`save_replay`); returns the items restored, or None where none was saved
+    with that checkpoint (a periodic one: the table refills before learning)."""
+    path = os.path.join(os.path.dirname(directory), REPLAY_SUBDIR, str(step))
+    if not os.path.isdir(path):
+        return None
+    return learner.restore_replay(path)
 
 
 def latest_checkpoint(run_dir: str) -> tuple[int, dict[str, Any]]:

@@ -15,12 +15,15 @@ and params.
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from typing import Any
 
 import jax
 
-from trellis.builders.experiments.checkpointing import Checkpointer
+from trellis.builders.contract.agent import KeepsReplay
+from trellis.builders.experiments.checkpointing import Checkpointer, save_replay
 from trellis.builders.experiments.counter import Counter, CounterSnapshot
 from trellis.builders.experiments.distributed import LearnerGroup
 from trellis.builders.experiments.feeds import Prefetch
@@ -134,6 +137,7 @@ class LearnerNode:
                 # On disk before the joins below, which take seconds of the run's bounded
                 # shutdown (`shutdown_timeout_s`) that the checkpoint needs more.
                 self._checkpointer.wait()
+                self._save_replay(final)
             if reason is not None:
                 runtime.request_stop(reason, info=self._stats.report(final))
         finally:
@@ -180,6 +184,17 @@ class LearnerNode:
             self._update.check_later(metrics, snapshot.learner_steps + 1)
             if self._stats.due():
                 self._stats.log(metrics, self._update.schedule_metrics())
+
+    def _save_replay(self, final: CounterSnapshot) -> None:
+        """Saves a learner's replay beside the session's final checkpoint (after it: a run
+        whose shutdown bound runs out meanwhile still has that checkpoint)."""
+        learner = self._update.learner
+        if self._checkpointer is None or not isinstance(learner, KeepsReplay):
+            return
+        start = time.monotonic()
+        items = save_replay(learner, self._checkpointer.directory, final.env_steps)
+        print(f"[learner] replay of {items} items saved with checkpoint {final.env_steps} in "
+              f"{time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
 
     def _save_checkpoint(self, snapshot: CounterSnapshot) -> None:
         """Checkpoints the learner state with the counter's `snapshot` (host side only).
