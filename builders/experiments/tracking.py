@@ -114,9 +114,6 @@ class MlflowTracker:
     another stay apart): the config as params and as config.json, metrics by step, the
     files as artifacts.
 
-    A `file:` tracking URI is MLflow's local file store, which MLflow 3 refuses unless
-    $MLFLOW_ALLOW_FILE_STORE is set; asking for it by its URI is taken as that opt-in.
-
     Args:
       run_dir: the run directory (its name is the run's).
       group: the run's group (a sweep's name; the tag `trellis.group`), or None.
@@ -125,10 +122,8 @@ class MlflowTracker:
 
     def __init__(self, run_dir: str, group: str | None = None, run_id: str | None = None):
         mlflow = _import("mlflow", "mlflow")
-        if os.environ.get("MLFLOW_TRACKING_URI", "").startswith("file:"):
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self._entities = mlflow.entities
-        self._client = mlflow.MlflowClient()
+        self._client = _mlflow_client(mlflow)
         if run_id is None:
             run_id = self._new_run(os.path.basename(os.path.abspath(run_dir)), group)
         else:
@@ -137,12 +132,9 @@ class MlflowTracker:
 
     def _new_run(self, name: str, group: str | None) -> str:
         """A new run `name` in the experiment (made if new), tagged with its group; its id."""
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", _PROJECT)
-        experiment = self._client.get_experiment_by_name(experiment_name)
-        experiment_id = (self._client.create_experiment(experiment_name) if experiment is None
-                         else experiment.experiment_id)
         tags = {} if group is None else {"trellis.group": group}
-        return str(self._client.create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+        return str(self._client.create_run(_mlflow_experiment(self._client), run_name=name,
+                                           tags=tags).info.run_id)
 
     @property
     def run_id(self) -> str:
@@ -173,6 +165,31 @@ class MlflowTracker:
 
 _BACKENDS: dict[str, Callable[[str, str | None, str | None], Tracker]] = {
     "wandb": WandbTracker, "mlflow": MlflowTracker}
+
+
+def _mlflow_client(mlflow: types.ModuleType) -> Any:
+    """An `MlflowClient` of the tracking URI in the environment. A `file:` URI is MLflow's
+    local file store, which MLflow 3 refuses unless $MLFLOW_ALLOW_FILE_STORE is set; asking
+    for it by its URI is taken as that opt-in."""
+    if os.environ.get("MLFLOW_TRACKING_URI", "").startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return mlflow.MlflowClient()
+
+
+def _mlflow_experiment(client: Any) -> str:
+    """The id of the experiment $MLFLOW_EXPERIMENT_NAME (default: the project's), made if new."""
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME", _PROJECT)
+    experiment = client.get_experiment_by_name(name)
+    return str(client.create_experiment(name) if experiment is None
+               else experiment.experiment_id)
+
+
+def prepare_sweep(name: str) -> None:
+    """Makes, before a sweep's trials start, what their tracked runs share: MLflow's
+    experiment, which trials starting at once each made anew in a file store (two experiments
+    of one name, each with some of the sweep's runs)."""
+    if name == "mlflow":
+        _mlflow_experiment(_mlflow_client(_import("mlflow", "mlflow")))
 
 
 def backend(name: str) -> Callable[[str, str | None, str | None], Tracker]:

@@ -40,7 +40,7 @@ from trellis.builders.experiments.checkpointing import CHECKPOINT_SUBDIR  # noqa
 from trellis.builders.experiments.pbt import Dimension, PBTConfig  # noqa: E402
 from trellis.builders.experiments.rundir import read_json, read_metrics, write_json  # noqa: E402
 from trellis.builders.experiments.session import run_experiment  # noqa: E402
-from trellis.builders.experiments.tracking import tracked  # noqa: E402
+from trellis.builders.experiments.tracking import prepare_sweep, tracked  # noqa: E402
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -263,6 +263,8 @@ def run_sweep(spec: SweepSpec, restore: bool = False) -> dict[str, Any]:
     """Runs the sweep (or, with `restore`, resumes the one interrupted in `spec.sweep_dir`,
     Tune's restore) and returns what sweep.json holds."""
     os.makedirs(spec.sweep_dir, exist_ok=True)
+    if spec.options.get("track") is not None:
+        prepare_sweep(spec.options["track"])
     # Trials report every log interval and checkpoint often (PBT needs it): Tune's warnings
     # about that are noise here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
