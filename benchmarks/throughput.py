@@ -10,7 +10,8 @@ learner compilation included, as a run of that length sees it) and steady, from 
 learner update (the first env step for (b)) to the end, once every program is compiled (the
 policy's smaller batch sizes compile while it serves: the window opens once they have; the
 learner's update compiles a larger batch size when the feed first asks for it, which may be
-well into the run: the window reopens after each such compile).
+well into the run: the window reopens after each such compile, once a later poll shows the
+run going on after it).
 
 Usage: python benchmarks/throughput.py [--env CartPole-v1] [--num_actors 2]
        [--envs_per_actor 32] [--env_steps 300000] [--transports shm,socket]

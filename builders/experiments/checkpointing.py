@@ -218,7 +218,7 @@ def save_replay(learner: KeepsReplay, directory: str, step: int) -> int:
     Written to a temporary directory that is then renamed: a process killed meanwhile (its
     shutdown bound ran out) leaves the previous replay or none, never a part of one.
     """
-    root = os.path.join(os.path.dirname(directory), REPLAY_SUBDIR)
+    root = _replay_root(directory)
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{step}.tmp-", dir=root)
     try:
@@ -235,11 +235,16 @@ def save_replay(learner: KeepsReplay, directory: str, step: int) -> int:
     return items
 
 
+def _replay_root(directory: str) -> str:
+    """The run's replay directory, beside its checkpoints `directory`."""
+    return os.path.join(os.path.dirname(directory), REPLAY_SUBDIR)
+
+
 def restore_replay(learner: KeepsReplay, directory: str, step: int) -> int | None:
     """Restores into `learner` the replay saved beside checkpoint `step` of the checkpoints
     `directory` (`save_replay`); returns the items restored, or None where none was saved
     with that checkpoint (a periodic one: the table refills before learning)."""
-    path = os.path.join(os.path.dirname(directory), REPLAY_SUBDIR, str(step))
+    path = os.path.join(_replay_root(directory), str(step))
     if not os.path.isdir(path):
         return None
     return learner.restore_replay(path)
