@@ -19,7 +19,8 @@ from trellis.agents.alphazero import AlphaZeroBuilder, AlphaZeroConfig
 from trellis.agents.alphazero.losses import alphazero_loss
 from trellis.agents.alphazero.search import make_search
 from trellis.agents.common import baselines
-from trellis.agents.common.self_play import replay_add, replay_init, value_targets
+from trellis.agents.common.self_play import (opening_moves, replay_add, replay_init,
+                                             value_targets)
 from trellis.agents.ppo import PPOBuilder, PPOConfig
 from trellis.builders.experiments.self_play_run import SelfPlayProgram
 from trellis.builders.experiments.session import UnsupportedError, check_supported
@@ -150,6 +151,23 @@ def test_replay_keeps_weighted_positions_in_a_ring():
     # 6 positions kept in a ring of 5: the oldest (1.0) overwritten by 7.0.
     assert int(replay.size) == 5 and int(replay.next) == 1
     np.testing.assert_array_equal(replay.items["value"], [7.0, 3.0, 4.0, 5.0, 6.0])
+
+
+def test_opening_moves_are_uniform_over_the_legal_ones_then_the_searchs():
+    env, n = pgx.make("tic_tac_toe"), 9_000
+    games = jax.vmap(env.init)(jax.random.split(jax.random.PRNGKey(0), n))
+    after_centre = jax.vmap(env.step)(games, jnp.full(n, 4))
+    search = jnp.full(n, 4)  # What the search would play.
+    key = jax.random.PRNGKey(1)
+    # A count of a uniform draw over k cells is n/k with sd sqrt(n (1/k)(1 - 1/k)): about
+    # 30 for k = 9 and 8; 150 is 5 sd.
+    first = np.bincount(np.asarray(opening_moves(games, key, search, 1)), minlength=9)
+    np.testing.assert_allclose(first, n / 9, atol=150)
+    # One move made: the search's from the second on, unless two are drawn.
+    np.testing.assert_array_equal(opening_moves(after_centre, key, search, 1), search)
+    second = np.bincount(np.asarray(opening_moves(after_centre, key, search, 2)), minlength=9)
+    assert second[4] == 0  # The centre is taken.
+    np.testing.assert_allclose(np.delete(second, 4), n / 8, atol=150)
 
 
 def _index(board: str) -> int:

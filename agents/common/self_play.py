@@ -116,6 +116,20 @@ def value_targets(rewards: jax.Array, terminated: jax.Array, player: jax.Array
     return values, known
 
 
+def opening_moves(games: Games, key: jax.Array, action: jax.Array, num_moves: int
+                  ) -> jax.Array:
+    """`action` [B], where a game has made fewer than `num_moves` moves a legal one drawn
+    uniformly instead.
+
+    The position's policy target stays the search's; its value target is the game's outcome
+    after the drawn move, as it is after a move sampled from the visit counts.
+    """
+    legal = games.legal_action_mask
+    drawn = jax.random.categorical(key, jnp.where(legal, 0.0, jnp.finfo(jnp.float32).min))
+    # pgx counts a game's moves in `_step_count` (v2's State; no public name for it).
+    return jnp.where(games._step_count < num_moves, drawn, action)
+
+
 @flax.struct.dataclass
 class Replay:
     """A ring of positions: the `Positions`' items, [N, ...] each, "weight" [N] among them;
@@ -234,10 +248,16 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
         search_key, reset_key = jax.random.split(key)
         params, games = carry
         out = search(params, search_key, games)
-        after = jax.vmap(env.step)(games, out.action)
+        action = out.action
+        if config.random_opening_moves:
+            # fold_in, not a third split: without openings the keys, and so a seed's games,
+            # are what they were before the setting.
+            action = opening_moves(games, jax.random.fold_in(key, 1), action,
+                                   config.random_opening_moves)
+        after = jax.vmap(env.step)(games, action)
         made = (games.observation, games.current_player, jnp.asarray(out.action_weights),
                 after.rewards, after.terminated)
-        record = ActedMoves(*made, jnp.asarray(out.action)) if record_actions else Moves(*made)
+        record = ActedMoves(*made, jnp.asarray(action)) if record_actions else Moves(*made)
         # Finished games restart at once.
         fresh = new_games(reset_key)
         over = after.terminated

@@ -60,6 +60,10 @@ class SelfPlayConfig(AgentConfig):
     pb_c_init: float = setting(1.25, "muzero search: PUCT's exploration constant", gt=0)
     max_considered_actions: int = setting(
         16, "gumbel search: actions sequential halving starts from at the root", ge=1)
+    random_opening_moves: int = setting(
+        0, "self-play: the first moves of each game uniformly among the legal ones rather than "
+        "the search's (its policy stays the target), so that the network sees openings its own "
+        "play rarely makes", ge=0)
 
     # Replay of positions (observation, search policy, outcome) on the device.
     replay_size: int = setting(100_000, "positions the replay holds", ge=1)
