@@ -28,7 +28,9 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SMOKE_FLAGS = ["--platform=local_mt", "--env_steps=20000"]
+# 200k env steps (5-7 s): the learner compiles larger batch sizes until 20-60k steps in, and the
+# steady window opens after the last compile, so 20k left it empty or 0.1-0.4 s long.
+SMOKE_FLAGS = ["--platform=local_mt", "--env_steps=200000"]
 
 _DIR_VARIABLE = "TRELLIS_THREAD_CPU_DIR"
 

@@ -103,23 +103,23 @@ def _steady_start(running, learner, count: str, period_s: float = 0.1) -> dict |
     """The learner's stats where the steady window opens, polled every `period_s` while the
     program runs: the first with `count` > 0 and the policy compiled for every batch size,
     or, where the learner's update is compiled for a larger batch size after that (the feed
-    asks for it once unrolls wait), the first after its last such compile that a later poll
-    shows `count` going on from (a run that ends right after a compile keeps the window
-    before it); None if the program stopped before the window opened."""
-    start = after_compile = None
+    asks for it once unrolls wait), the first after its last such compile; either only once
+    a later poll shows `count` going on from it, so a window is never empty (a run that ends
+    right after a compile keeps the window before it); None if the program stopped before a
+    window opened."""
+    start = candidate = None
     while running.wait(timeout=period_s) is None:
         try:
             stats = learner.stats()
         except (ConnectionError, EOFError):  # The learner node stopped meanwhile.
             break
-        if start is None:
+        if candidate is None:
             if stats[count] > 0 and stats["startup"]["policy_compiled"] is not None:
-                start = stats
-        elif stats["startup"]["learner_compiled"] != (after_compile or start)["startup"][
-                "learner_compiled"]:
-            after_compile = stats
-        elif after_compile is not None and stats[count] > after_compile[count]:
-            start, after_compile = after_compile, None
+                candidate = stats
+        elif stats["startup"]["learner_compiled"] != candidate["startup"]["learner_compiled"]:
+            candidate = stats
+        elif stats[count] > candidate[count]:
+            start = candidate
     return start
 
 

@@ -248,7 +248,7 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
         search_key, reset_key = jax.random.split(key)
         params, games = carry
         out = search(params, search_key, games)
-        action = out.action
+        action = jnp.asarray(out.action)
         if config.random_opening_moves:
             # fold_in, not a third split: without openings the keys, and so a seed's games,
             # are what they were before the setting.
@@ -257,7 +257,7 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
         after = jax.vmap(env.step)(games, action)
         made = (games.observation, games.current_player, jnp.asarray(out.action_weights),
                 after.rewards, after.terminated)
-        record = ActedMoves(*made, jnp.asarray(action)) if record_actions else Moves(*made)
+        record = ActedMoves(*made, action) if record_actions else Moves(*made)
         # Finished games restart at once.
         fresh = new_games(reset_key)
         over = after.terminated
