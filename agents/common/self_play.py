@@ -125,7 +125,7 @@ def opening_moves(games: Games, key: jax.Array, action: jax.Array, num_moves: in
     after the drawn move, as it is after a move sampled from the visit counts.
     """
     legal = games.legal_action_mask
-    drawn = jax.random.categorical(key, jnp.where(legal, 0.0, jnp.finfo(jnp.float32).min))
+    drawn = jax.random.categorical(key, masked_logits(jnp.zeros(legal.shape), legal))
     # pgx counts a game's moves in `_step_count` (v2's State; no public name for it).
     return jnp.where(games._step_count < num_moves, drawn, action)
 
