@@ -180,6 +180,18 @@ class Stopper:
         runtime.stop_event().wait(30)
 
 
+class FinalCounts:
+    """Counts until the program stops, then sends its count, as the learner sends its final
+    counts however the program stopped."""
+
+    def run(self) -> None:
+        count = 0
+        while not runtime.stop_requested():
+            count += 1
+            time.sleep(0.01)
+        runtime.request_stop("stopped", {"count": count})
+
+
 class PidPrinter:
     """Prints "PID <pid>" (for launcher scripts run as subprocesses), then loops until stopped."""
 

@@ -200,6 +200,23 @@ def test_request_stop_and_completion(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_request_made_while_stopping_gives_its_info_and_leaves_the_cause(platform):
+    program = runtime.Program("late")
+    program.add_node(runtime.CourierNode(nodes.FinalCounts), label="learner")
+    running = runtime.launch(program, platform=platform, block=False)
+    assert running.wait(timeout=1.0) is None
+    result = running.stop()
+    assert (result.stopped_by, result.reason) == ("signal", "stop() called")
+    assert list(result.info) == ["count"] and result.info["count"] > 0
+
+    program = runtime.Program("first")  # The first request's info stays.
+    program.add_node(runtime.CourierNode(nodes.Stopper), label="learner")
+    program.add_node(runtime.CourierNode(nodes.FinalCounts), label="other")
+    result = runtime.launch(program, platform=platform)
+    assert result == runtime.LaunchResult("requested", "budget reached", {"steps": 3})
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 def test_disable_run_lets_a_test_drive_the_node(platform):
     program = runtime.Program("driven")
     node = runtime.CourierNode(nodes.FailingRun)

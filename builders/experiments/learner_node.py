@@ -45,7 +45,8 @@ class LearnerNode:
     The learner loop only moves batches and params (next batch -> update -> params to
     inference), asking the stop rule between updates and checkpointing when the session asks
     (the `checkpoint` RPC). When the rule gives a reason the program stops
-    (`runtime.request_stop`) with the final stats as `info`. With a checkpointer, the learner
+    (`runtime.request_stop`) with the final stats as `info`; stopped from outside, the node
+    still sends them (the result of a signal then carries them). With a checkpointer, the learner
     state and the counter are checkpointed on each `checkpoint()` and when the node stops.
 
     Args:
@@ -138,8 +139,8 @@ class LearnerNode:
                 # shutdown (`shutdown_timeout_s`) that the checkpoint needs more.
                 self._checkpointer.wait()
                 self._save_replay(final)
-            if reason is not None:
-                runtime.request_stop(reason, info=self._stats.report(final))
+            # Stopped from outside too: the final counts then go with the signal's result.
+            runtime.request_stop(reason or "stopped", info=self._stats.report(final))
         finally:
             try:
                 self._inference.join(timeout=5.0)

@@ -105,8 +105,9 @@ class ProgramRun:
 
     def _last(self, result: runtime.LaunchResult) -> Report:
         self._result = result
-        if result.stopped_by == "requested":  # By the stop rule, with the final counters.
+        if result.info:  # The learner's final counts, those of its final checkpoint.
             self._stats = dict(result.info)
+        if result.stopped_by == "requested":  # By the stop rule.
             return Report(self._stats, stopped_by=result.reason)
         return Report(self._stats, stopped_by=result.stopped_by)  # "error", "signal", ...
 

@@ -159,8 +159,11 @@ def request_stop(reason: str = "done", info: dict[str, Any] | None = None) -> No
     """Asks the whole program to stop cleanly, e.g. when the learner reached its step budget.
 
     The launcher sets every node's stop event and returns a `LaunchResult` with
-    `stopped_by="requested"`, this `reason` and this `info`. The first request wins. Outside any
-    node, this sets the process-global default stop event.
+    `stopped_by="requested"`, this `reason` and this `info`. The first request wins. A request
+    made once the program is stopping for another cause (a signal, an error) leaves that cause
+    and gives the result this `info` where it has none: a node's final counts, sent as it
+    ends, reach the result however the program stopped. Outside any node, this sets the
+    process-global default stop event.
 
     Args:
       reason: a short human-readable reason.
