@@ -19,8 +19,7 @@ from trellis.agents.alphazero import AlphaZeroBuilder, AlphaZeroConfig
 from trellis.agents.alphazero.losses import alphazero_loss
 from trellis.agents.alphazero.search import make_search
 from trellis.agents.common import baselines
-from trellis.agents.common.self_play import (opening_moves, replay_add, replay_init,
-                                             value_targets)
+from trellis.agents.common.self_play import opening_moves, replay_add, replay_init, value_targets
 from trellis.agents.ppo import PPOBuilder, PPOConfig
 from trellis.builders.experiments.self_play_run import SelfPlayProgram
 from trellis.builders.experiments.session import UnsupportedError, check_supported

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trellis.agents.common.self_play_config import SelfPlayConfig
+from trellis.agents.common.self_play_config import GUMBEL_SOURCE, SelfPlayConfig
 from trellis.agents.presets import Preset
 
 
@@ -21,7 +21,6 @@ class AlphaZeroConfig(SelfPlayConfig):
 # defaults are no game's. Gumbel MuZero's search (Danihelka et al., 2022) improves the policy
 # with few simulations, where PUCT with 32 lost more games (docs/alphazero.md).
 _MEASURED = "Trellis's own runs on a 2-core CPU, docs/alphazero.md"
-_GUMBEL = "Danihelka et al. (2022), Policy improvement by planning with Gumbel"
 # Tic-tac-toe: 10 minutes and no game lost to minimax. The rate falls linearly to 0 over a
 # budget the run reaches, so it ends on the params the schedule settled, not wherever its time
 # lands (later params flip on single positions): 300k moves, which the 2-core machine played
@@ -38,11 +37,11 @@ TIC_TAC_TOE = Preset(
               "learning_rate_schedule": "linear", "eval_opponent": "minimax",
               "eval_every_updates": 2_000, "random_opening_moves": 1,
               "eval_simulations": 200},
-    sources={"search_policy": _GUMBEL})
+    sources={"search_policy": GUMBEL_SOURCE})
 # Connect four: 60 minutes, 88% against the roll-out MCTS with 200 simulations (2026-11-26);
 # the search plays a baseline with the baseline's own simulations.
 CONNECT_FOUR = Preset(
     source=f"{_MEASURED} (connect four, 2026-11-26)",
     settings={"search_policy": "gumbel", "hidden_sizes": (256, 256),
               "updates_per_iteration": 16, "replay_size": 2_000_000, "eval_simulations": 200},
-    sources={"search_policy": _GUMBEL})
+    sources={"search_policy": GUMBEL_SOURCE})

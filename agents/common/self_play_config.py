@@ -23,6 +23,8 @@ OPPONENTS = ("random", "mcts", "minimax")
 # MuZero's sequential halving at the root (mctx.gumbel_muzero_policy), which improves the
 # policy with few simulations.
 SEARCHES = ("muzero", "gumbel")
+# The source of presets that search with Gumbel MuZero's policy (AlphaZero's and MuZero's).
+GUMBEL_SOURCE = "Danihelka et al. (2022), Policy improvement by planning with Gumbel"
 # The defaults that differ on a platform (run.py applies them). A compiled call is one
 # self-play iteration, whose size unroll_length, batch_size and updates_per_iteration set; the
 # host evaluates, checks the stop rule and logs after each, so

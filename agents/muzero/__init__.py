@@ -6,11 +6,12 @@ from trellis.agents.common.self_play_config import (
     SEARCH_PACKAGES,
     missing_search_extra,
 )
-from trellis.agents.muzero.config import MuZeroConfig
+from trellis.agents.muzero.config import TIC_TAC_TOE, MuZeroConfig
 
 # The names agents/registry.py looks up. Without the search extra, Builder is a stand-in that
 # says what to install when built (agents/common/self_play_config.py).
 Config = MuZeroConfig
+PRESETS = {"tic_tac_toe": TIC_TAC_TOE}
 try:
     from trellis.agents.muzero.builder import MuZeroBuilder
 except ModuleNotFoundError as e:
@@ -20,4 +21,4 @@ except ModuleNotFoundError as e:
 else:
     Builder = MuZeroBuilder
 
-__all__ = ["PLATFORM_DEFAULTS", "Builder", "Config", "MuZeroBuilder", "MuZeroConfig"]
+__all__ = ["PLATFORM_DEFAULTS", "PRESETS", "Builder", "Config", "MuZeroBuilder", "MuZeroConfig"]
