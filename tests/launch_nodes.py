@@ -189,7 +189,7 @@ class FinalCounts:
         while not runtime.stop_requested():
             count += 1
             time.sleep(0.01)
-        runtime.request_stop("stopped", {"count": count})
+        runtime.report_final({"count": count})
 
 
 class PidPrinter:

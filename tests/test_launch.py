@@ -200,7 +200,7 @@ def test_request_stop_and_completion(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_a_request_made_while_stopping_gives_its_info_and_leaves_the_cause(platform):
+def test_a_nodes_final_report_gives_its_info_and_leaves_the_cause(platform):
     program = runtime.Program("late")
     program.add_node(runtime.CourierNode(nodes.FinalCounts), label="learner")
     running = runtime.launch(program, platform=platform, block=False)
@@ -520,6 +520,10 @@ def test_node_context_outside_nodes():
         event.clear()  # the process-global default event; other tests must see it clear
     with pytest.raises(TypeError, match="dict"):
         runtime.request_stop("bad", info=[1])
+    runtime.report_final({"a": 1})  # Asks for no stop: a learner run in a test sends it.
+    assert not runtime.stop_requested()
+    with pytest.raises(TypeError, match="dict"):
+        runtime.report_final([1])
 
 
 def test_a_service_nodes_port_is_its_own_from_the_launch():

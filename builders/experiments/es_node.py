@@ -236,8 +236,10 @@ class ESLearnerNode:
             reason = self._generations()
             final = self._counter.snapshot()
             self._save(final)
-            # Stopped from outside too: the final counts then go with the signal's result.
-            runtime.request_stop(reason or "stopped", info=self._stats(final))
+            if reason is not None:
+                runtime.request_stop(reason, info=self._stats(final))
+            else:  # Stopped from outside: the final counts go with that stop's result.
+                runtime.report_final(self._stats(final))
         finally:
             with self._told:
                 self._told.notify_all()  # Workers waiting on `fitness` see the stop.

@@ -46,8 +46,9 @@ class LearnerNode:
     inference), asking the stop rule between updates and checkpointing when the session asks
     (the `checkpoint` RPC). When the rule gives a reason the program stops
     (`runtime.request_stop`) with the final stats as `info`; stopped from outside, the node
-    still sends them (the result of a signal then carries them). With a checkpointer, the learner
-    state and the counter are checkpointed on each `checkpoint()` and when the node stops.
+    still sends them (`runtime.report_final`: the result of a signal then carries them). With a
+    checkpointer, the learner state and the counter are checkpointed on each `checkpoint()` and
+    when the node stops.
 
     Args:
       inference: the inference server, fed by `step` (not started yet).
@@ -139,8 +140,10 @@ class LearnerNode:
                 # shutdown (`shutdown_timeout_s`) that the checkpoint needs more.
                 self._checkpointer.wait()
                 self._save_replay(final)
-            # Stopped from outside too: the final counts then go with the signal's result.
-            runtime.request_stop(reason or "stopped", info=self._stats.report(final))
+            if reason is not None:
+                runtime.request_stop(reason, info=self._stats.report(final))
+            else:  # Stopped from outside: the final counts go with that stop's result.
+                runtime.report_final(self._stats.report(final))
         finally:
             try:
                 self._inference.join(timeout=5.0)

@@ -14,6 +14,7 @@ Importing this package loads only the runtime and has no side effects.
 from trellis.launch.runtime.launcher import PLATFORMS, LaunchResult, RunningProgram, launch
 from trellis.launch.runtime.node_context import (
     node_label,
+    report_final,
     request_stop,
     restart_count,
     stop_event,
@@ -35,6 +36,7 @@ __all__ = [
     "RunningProgram",
     "launch",
     "node_label",
+    "report_final",
     "request_stop",
     "restart_count",
     "stop_event",

@@ -46,8 +46,8 @@ class LaunchResult:
         SIGTERM, SIGQUIT or `RunningProgram.stop()`).
       reason: the stop request's reason, "<node label>: <exception one-liner>", or the signal
         name ("SIGINT", "SIGTERM", "SIGQUIT", "stop() called").
-      info: the stop request's info dict; where the program stopped otherwise, the info of a
-        request made while it stopped (`request_stop`); else {}.
+      info: the stop request's info dict; where the program stopped otherwise, the info a node
+        sent while it stopped (`report_final`, or a late `request_stop`); else {}.
       error_node: label of the node that failed, for "error".
       error_traceback: that node's traceback, for "error" (None when its process died silently).
       forced: labels of the nodes that did not end within the launch's `stop_timeout_s` once
@@ -208,9 +208,8 @@ class RunningProgram:
             return True
 
     def _add_info(self, info: dict[str, Any]) -> None:
-        """Gives a result decided otherwise (a signal, an error) a late request's `info`, where
-        it has none: a node's final counts, sent as it stops, reach the result however the
-        program stopped."""
+        """Gives a result decided otherwise (a signal, an error) `info` where it has none: a
+        late stop request's, or a node's final counts (`report_final`)."""
         with self._lock:
             if self._result is not None and not self._result.info and info:
                 self._result = dataclasses.replace(self._result, info=info)
@@ -227,6 +226,8 @@ class RunningProgram:
         elif status.kind == "stop_request":
             if not self._decide(LaunchResult("requested", status.reason, dict(status.info or {}))):
                 self._add_info(dict(status.info or {}))
+        elif status.kind == "final":
+            self._add_info(dict(status.info or {}))
         elif status.kind == "error":
             self._on_error(status)
         # Completed once every node has started and every run loop has returned (checked on

@@ -33,11 +33,12 @@ class Status:
 
     Attributes:
       kind: "ready" (constructed, serving), "finished" (run loop or function returned),
-        "error" (raised in construction or run), or "stop_request" (called `request_stop`).
+        "error" (raised in construction or run), "stop_request" (called `request_stop`) or
+        "final" (called `report_final`).
       label: the node's label.
       runs: for "ready": whether the node has a run loop whose end the launcher awaits.
       reason: for "stop_request": the reason; for "error": the exception one-liner.
-      info: for "stop_request": the caller's info dict.
+      info: for "stop_request" and "final": the caller's info dict.
       traceback: for "error": the formatted traceback.
       peer_gone: for "error": the node lost a connection to a peer (expected while stopping).
     """
@@ -161,8 +162,7 @@ def request_stop(reason: str = "done", info: dict[str, Any] | None = None) -> No
     The launcher sets every node's stop event and returns a `LaunchResult` with
     `stopped_by="requested"`, this `reason` and this `info`. The first request wins. A request
     made once the program is stopping for another cause (a signal, an error) leaves that cause
-    and gives the result this `info` where it has none: a node's final counts, sent as it
-    ends, reach the result however the program stopped. Outside any node, this sets the
+    and gives the result this `info` where it has none. Outside any node, this sets the
     process-global default stop event.
 
     Args:
@@ -180,3 +180,19 @@ def request_stop(reason: str = "done", info: dict[str, Any] | None = None) -> No
         return
     # The launcher, not the node, sets the stop event: one authority decides how the program ended.
     context.report(Status("stop_request", context.label, reason=str(reason), info=dict(info or {})))
+
+
+def report_final(info: dict[str, Any]) -> None:
+    """Gives the launcher's result `info` where it has none, without asking for a stop: a
+    node's final counts, sent as it ends, reach the result of a program stopped by a signal or
+    by another node's error (a stop the node requested carries its own `info`). Outside any
+    node, nothing happens.
+
+    Raises:
+      TypeError: if `info` is not a dict.
+    """
+    if not isinstance(info, dict):
+        raise TypeError(f"report_final(info) must be a dict, got {type(info).__name__}")
+    context = current()
+    if context is not None:
+        context.report(Status("final", context.label, info=dict(info)))
