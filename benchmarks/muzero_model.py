@@ -40,7 +40,7 @@ import numpy as np
 
 from trellis.agents.common.baselines import board_index, minimax_lines, minimax_table
 from trellis.agents.common.params import Params
-from trellis.agents.common.self_play import masked_logits
+from trellis.agents.common.self_play import masked_logits, select_games
 from trellis.agents.muzero import MuZeroBuilder, MuZeroConfig
 from trellis.agents.muzero.networks import MuZeroNet
 from trellis.builders.experiments.self_play_run import restore_params
@@ -125,12 +125,6 @@ def measure(network: MuZeroNet, params: Params, builder: MuZeroBuilder, env: Any
     return out
 
 
-def stay_where(over: jax.Array, state: Any, after: Any) -> Any:
-    """`state` where `over` [B], else `after`."""
-    return jax.tree.map(lambda a, b: jnp.where(over.reshape(over.shape + (1,) * (a.ndim - 1)),
-                                               a, b), state, after)
-
-
 def exact_targets(env: Any, games: Any, num_unroll_steps: int):
     """`sample(key, n) -> batch`: n positions drawn uniformly from `games`, each with K random
     legal moves ahead and exact targets in `agents.muzero.losses.unroll_targets`' fields
@@ -163,7 +157,7 @@ def exact_targets(env: Any, games: Any, num_unroll_steps: int):
             steps["reward"].append(jnp.where(over, 0.0, reward))
             over = over | after.terminated
             # An ended game stays at its last position, whose later targets are masked.
-            state = stay_where(over, state, after)
+            state = select_games(over, state, after)
         return {**{name: jnp.stack(x, axis=1) for name, x in steps.items()},
                 "obs": first.observation.astype(jnp.float32), "weight": jnp.ones(n)}
 

@@ -116,6 +116,13 @@ def value_targets(rewards: jax.Array, terminated: jax.Array, player: jax.Array
     return values, known
 
 
+def select_games(where: jax.Array, games: Games, others: Games) -> Games:
+    """Batched pgx states: `games`' where `where` [B], else `others`'."""
+    return jax.tree.map(
+        lambda a, b: jnp.where(where.reshape(where.shape + (1,) * (a.ndim - 1)), a, b),
+        games, others)
+
+
 def opening_moves(games: Games, key: jax.Array, action: jax.Array, num_moves: int
                   ) -> jax.Array:
     """`action` [B], where a game has made fewer than `num_moves` moves a legal one drawn
@@ -259,11 +266,7 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
                 after.rewards, after.terminated)
         record = ActedMoves(*made, action) if record_actions else Moves(*made)
         # Finished games restart at once.
-        fresh = new_games(reset_key)
-        over = after.terminated
-        after = jax.tree.map(
-            lambda f, a: jnp.where(over.reshape(over.shape + (1,) * (a.ndim - 1)), f, a),
-            fresh, after)
+        after = select_games(after.terminated, new_games(reset_key), after)
         return (params, after), record
 
     def init(key: jax.Array) -> SelfPlayState:
