@@ -183,6 +183,13 @@ def _steps(n, k=2, offset=0):
     return [{"x": np.full(k, offset + i, np.float32)} for i in range(n)]
 
 
+def record_alone(rec, worker_id, run_id, step, state=None, version=0):
+    """`rec.record` of one worker's step {field: [K, ...]}, a batch of one."""
+    rec.record([(worker_id, run_id)], {name: v[None] for name, v in step.items()},
+               state=state and (lambda: {name: v[None] for name, v in state().items()}),
+               version=version)
+
+
 def test_batches_pad_to_powers_of_two_up_to_every_workers_envs_and_no_further():
     traced = []
 
@@ -232,7 +239,7 @@ def test_recorder_hands_over_the_params_version_of_each_step():
     rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 1, 2, 3,
                          lambda unroll, versions: out.append(versions.tolist()))
     for i, step in enumerate(_steps(7)):
-        rec.record(0, run_id=1, step=step, version=10 + i // 2)
+        record_alone(rec, 0, 1, step, version=10 + i // 2)
     # Versions 10 10 11 11 12 12 13; the overlapping step keeps its version.
     assert out == [[10, 10, 11, 11], [11, 12, 12, 13]]
 
@@ -241,7 +248,7 @@ def test_recorder_overlaps_unrolls_by_one_step():
     out = []
     rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 1, 2, 3, keep(out))
     for step in _steps(7):
-        rec.record(0, run_id=1, step=step)
+        record_alone(rec, 0, 1, step)
     assert [c["x"][:, 0].tolist() for c in out] == [[0, 1, 2, 3], [3, 4, 5, 6]]
 
 
@@ -249,9 +256,9 @@ def test_recorder_drops_partial_unroll_of_a_restarted_worker():
     out = []
     rec = UnrollRecorder({"x": ArraySpec((), "float32")}, 2, 2, 3, keep(out))
     for step in _steps(2):
-        rec.record(1, run_id=1, step=step)
+        record_alone(rec, 1, 1, step)
     for step in _steps(4, offset=100):  # The worker came back with a new run id.
-        rec.record(1, run_id=2, step=step)
+        record_alone(rec, 1, 2, step)
     assert rec.resets == 1
     assert [c["x"][:, 0].tolist() for c in out] == [[100, 101, 102, 103]]
 
@@ -262,8 +269,8 @@ def test_recorder_keeps_each_unrolls_state_when_the_overlap_exceeds_half_the_unr
     specs = {"x": ArraySpec((), "float32"), "state/s": ArraySpec((), "float32")}
     rec = UnrollRecorder(specs, 1, 1, 6, keep(out), overlap=4)
     for i in range(16):  # The state at step i is 100 + i.
-        rec.record(0, 1, {"x": np.full(1, i, np.float32)},
-                   state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})
+        record_alone(rec, 0, 1, {"x": np.full(1, i, np.float32)},
+                     state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})
     assert [u["x"][:, 0].tolist() for u in out] == [list(range(s, s + 7)) for s in (0, 3, 6, 9)]
     assert [u["state/s"][0, 0] for u in out] == [100, 103, 106, 109]
 
@@ -284,13 +291,35 @@ def test_recorder_writes_every_row_of_the_buffers_it_hands_over(monkeypatch, ove
     out = []
     specs = {"x": ArraySpec((3,), "float32"), "state/s": ArraySpec((), "float32")}
     rec = UnrollRecorder(specs, 2, 2, 6, keep(out), overlap=overlap)
-    for i in range(40):
-        for worker in (0, 1):
-            run = 2 if worker == 1 and i >= 9 else 1  # Worker 1 restarts at step 9.
-            rec.record(worker, run, {"x": np.full((2, 3), i, np.float32)},
-                       state=lambda i=i: {"s": np.full(2, i, np.float32)})
+    for i in range(40):  # Both workers in each batch; worker 1 restarts at step 9.
+        rec.record([(0, 1), (1, 2 if i >= 9 else 1)], {"x": np.full((2, 2, 3), i, np.float32)},
+                   state=lambda i=i: {"s": np.full((2, 2), i, np.float32)})
     assert len(out) >= 10 and rec.resets == 1
     assert all((unroll[name] != -1).all() for unroll in out for name in unroll)
+
+
+def test_recorder_writes_each_worker_of_a_batch_at_its_own_step():
+    """Worker 1 joins two steps after worker 0, so their unrolls end on different batches;
+    the state is fetched once per batch, and only where an unroll begins."""
+    out, fetched = [], []
+    specs = {"x": ArraySpec((), "float32"), "state/s": ArraySpec((), "float32")}
+    rec = UnrollRecorder(specs, 2, 1, 2, lambda unroll, versions: out.append(
+        (unroll["x"][:, 0].tolist(), unroll["state/s"][0, 0], versions.tolist())))
+
+    def state(i, workers):
+        fetched.append(i)
+        return {"s": np.array([[100 * w + i] for w in workers], np.float32)}
+
+    for i in range(6):
+        workers = [0] if i < 2 else [1, 0]  # A batch's rows in any order of workers.
+        rec.record([(w, 1) for w in workers],
+                   {"x": np.array([[10 * w + i] for w in workers], np.float32)},
+                   state=lambda i=i, workers=workers: state(i, workers), version=i)
+    # Unrolls of 3 steps overlapping by 1: worker 0's begin at steps 0, 2 and 4, worker 1's
+    # (from step 2) at 2 and 4.
+    assert out == [([0, 1, 2], 0, [0, 1, 2]), ([12, 13, 14], 102, [2, 3, 4]),
+                   ([2, 3, 4], 2, [2, 3, 4])]
+    assert fetched == [0, 2, 4]
 
 
 def test_gather_copies_the_workers_rows_in_the_order_given():

@@ -176,8 +176,8 @@ def test_recorder_captures_state_where_each_unroll_begins_with_overlap():
     rec = UnrollRecorder(specs, 1, 1, 4, lambda unroll, versions: out.append(unroll),
                          overlap=2)
     for i in range(12):  # State at step i is 100 + i.
-        rec.record(0, 1, {"x": np.full(1, i, np.float32)},
-                   state=lambda i=i: {"s": np.full(1, 100 + i, np.float32)})
+        rec.record([(0, 1)], {"x": np.full((1, 1), i, np.float32)},
+                   state=lambda i=i: {"s": np.full((1, 1), 100 + i, np.float32)})
     # Unrolls of 5 steps, each next one repeating the last 2 of the previous.
     assert [u["x"][:, 0].tolist() for u in out] == [[0, 1, 2, 3, 4], [3, 4, 5, 6, 7],
                                                    [6, 7, 8, 9, 10]]

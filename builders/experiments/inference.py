@@ -33,7 +33,6 @@ and the recorder (`unroll_recorder.UnrollRecorder`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -229,6 +228,12 @@ class InferenceServer:
     def _serve_batch(self, batch: list[Request]) -> None:
         """Acts for every request, answers them all, then records the steps."""
         k, n = self._k, len(batch) * self._k
+
+        def per_worker(fields: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            """{field: [padded, ...]} -> {field: [len(batch), K, ...]} (views)."""
+            return {name: v[:n].reshape(len(batch), k, *v.shape[1:])
+                    for name, v in fields.items()}
+
         slots = self._slots.rows
         workers = np.fromiter((r.worker_id for r in batch), np.intp, len(batch))
         inputs = self._batching.inputs(slots, workers)
@@ -236,30 +241,17 @@ class InferenceServer:
         actions, extras, state_rows = self._policy.act(
             params, batch, self._recorder.is_new_run, self._format.policy_obs(inputs),
             inputs["first"])
-        actions = self._format.action_fields(actions)
-        extras = self._format.extras_fields(extras)
+        actions = per_worker(self._format.action_fields(actions))
         for name, value in actions.items():  # The scatter, into the workers' rows.
-            slots[name][workers] = value[:n].reshape(len(batch), k, *value.shape[1:])
+            slots[name][workers] = value
         # Answer first: the workers step their envs while this thread records (from `inputs`,
         # since they overwrite their rows once answered).
-        answers = []
         for i, request in enumerate(batch):
-            request.actions = answer = {name: v[i * k:(i + 1) * k] for name, v in actions.items()}
-            answers.append(answer)
+            request.actions, request.index = actions, i
             request.finish()
-        host_rows: list[dict[str, np.ndarray]] = []  # The state rows, once fetched.
-
-        def rows_of(rows: slice) -> dict[str, np.ndarray]:
-            if not host_rows:
-                host_rows.append(jax.device_get(state_rows))
-            return {name: v[rows] for name, v in host_rows[0].items()}
-
-        for i, (request, answer) in enumerate(zip(batch, answers, strict=True)):
-            rows = slice(i * k, (i + 1) * k)
-            step = {name: v[rows] for name, v in inputs.items()}
-            step.update(answer)
-            step.update({name: v[rows] for name, v in extras.items()})
-            self._recorder.record(request.worker_id, request.run_id, step,
-                                  state=functools.partial(rows_of, rows), version=version)
+        self._recorder.record(
+            [(request.worker_id, request.run_id) for request in batch],
+            {**per_worker(inputs), **actions, **per_worker(self._format.extras_fields(extras))},
+            state=lambda: per_worker(jax.device_get(state_rows)), version=version)
         self.batches += 1
         self.steps += n

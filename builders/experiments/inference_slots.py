@@ -10,7 +10,6 @@ scatters the actions back into them and `finish`es each request.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import queue
 import sys
@@ -42,15 +41,19 @@ class Request:
     `actions`, or None (stopping), or `error`.
 
     The row stays as the worker wrote it until `finish`, since the worker waits for the answer
-    before writing again. `actions` is set only when the request is answered with them (the
-    shared-memory path finds them in its row, where the batch's answer was scattered).
+    before writing again. `actions` is set only when the request is answered with them: the
+    whole batch's, of which row `index` is this request's (the shared-memory path finds them
+    in its row, where the batch's answer was scattered; the RPC path takes its row on its own
+    thread).
     """
 
     worker_id: int
     run_id: int
     channel: shm.Channel | None = None
     done: threading.Event | None = None  # The RPC path's wake-up (`step` makes one).
-    actions: dict[str, np.ndarray] | None = None  # The action fields (`StepFormat.actions`).
+    # The batch's action fields (`StepFormat.actions`), [batch workers, K, ...].
+    actions: Mapping[str, np.ndarray] | None = None
+    index: int = 0
     error: BaseException | None = None
 
     def finish(self) -> None:
@@ -60,8 +63,10 @@ class Request:
         assert self.channel is not None, "a request comes by the RPC or through a channel"
         answer = (FAILED if self.error is not None else
                   STOPPING if self.actions is None else ACTIONS)
-        with contextlib.suppress(OSError):  # A worker that died meanwhile needs no answer.
+        try:  # Not contextlib.suppress: its object costs a microsecond per request.
             self.channel.send(answer)
+        except OSError:  # A worker that died meanwhile needs no answer.
+            pass
 
 
 class WorkerSlots:
@@ -149,7 +154,10 @@ class WorkerSlots:
                 return None
         if request.error is not None:
             raise RuntimeError("inference failed") from request.error
-        return None if request.actions is None else self._format.env_actions(request.actions)
+        if request.actions is None:
+            return None
+        return self._format.env_actions(
+            {name: rows[request.index] for name, rows in request.actions.items()})
 
     def ready(self, timeout_s: float) -> list[Request]:
         """The requests that came within `timeout_s`: through shared slots and the RPC queue."""

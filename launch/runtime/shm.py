@@ -43,6 +43,7 @@ Layout = Mapping[str, tuple[tuple[int, ...], str]]
 
 _ALIGN = 64  # A cache line: fields written by different sides do not share one.
 _HELLO_BYTES = 256
+_BYTES = [bytes((i,)) for i in range(256)]  # The one-byte messages, made once.
 
 
 def available() -> bool:
@@ -107,7 +108,7 @@ class Channel:
 
     def send(self, message: int) -> None:
         """Wakes the peer with one byte (0-255)."""
-        self._sock.sendall(bytes((message,)))
+        self._sock.sendall(_BYTES[message])
 
     def receive(self, timeout_s: float) -> int | None:
         """The peer's next byte, or None if none came within `timeout_s`.
