@@ -16,10 +16,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(run_dir, *flags):
+    # One learner batch size: with `--learner_batch=auto` the learner compiles a larger size
+    # only once unrolls back up (`learner_update.CompileAhead`), a matter of timing, so on a
+    # loaded machine the second run could need a size the first never compiled.
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, "launch", "run.py"), "--platform=local_mp",
          "--total_env_steps=2000", "--stop_at_return=none", "--num_actors=2",
-         "--envs_per_actor=32", "--quiet", f"--logdir={run_dir}", *flags],
+         "--envs_per_actor=32", "--learner_batch=fixed", "--quiet", f"--logdir={run_dir}",
+         *flags],
         capture_output=True, text=True, timeout=600, cwd=REPO)  # A hang guard.
     assert out.returncode == 0, out.stderr[-3000:]
     with open(os.path.join(run_dir, "summary.json")) as f:
