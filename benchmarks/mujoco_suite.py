@@ -1,7 +1,7 @@
 """The MuJoCo suite on the host: an off-policy agent on a Gymnasium MuJoCo env, its learning
 curve, its final deterministic return, env steps/s and wall time from launch.
 
-Usage: python benchmarks/mujoco.py [--agent=sac] [--env=HalfCheetah-v5] [--budget=ENV_STEPS]
+Usage: python benchmarks/mujoco_suite.py [--agent=sac] [--env=HalfCheetah-v5] [--budget=ENV_STEPS]
        [--target=R] [--eval_every=ENV_STEPS] [--final_episodes=N] [--logdir=DIR] [run.py flags]
 
 `launch/run.py --platform=local_mp` is started as a user starts it, with the env's preset

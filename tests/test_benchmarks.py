@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import glob
+import importlib.util
 import json
 import os
 import subprocess
@@ -41,7 +42,7 @@ SCRIPTS = sorted(p for p in glob.glob(os.path.join(BENCHMARKS, "*.py")) if _is_s
 # test_anakin, test_ippo, test_soak, physics.py's smoke run for humanoid.py's envs;
 # compare.py's own part is its PyTorch peer, which the smoke run skips anyway).
 SLOW = {"atari.py", "alphazero.py", "anakin.py", "multi_agent.py", "soak.py", "humanoid.py",
-        "compare.py", "mujoco.py"}
+        "compare.py", "mujoco_suite.py"}
 
 
 def smoke_flags(path: str) -> list[str] | None:
@@ -85,6 +86,15 @@ def test_the_scripts_are_found():
     names = {os.path.basename(p) for p in SCRIPTS}
     assert {"scaling.py", "throughput.py", "soak.py"} <= names, names
     assert "common.py" not in names  # A helper, run by none.
+
+
+def test_no_script_hides_a_package_its_imports_need():
+    """A script's folder is first on its sys.path, so a module there named like an installed
+    package replaces it for every script: benchmarks/mujoco.py made brax (`from mujoco import
+    mjx`) fail to import in physics.py, as "Brax envs need the brax package"."""
+    hidden = [name for name in (os.path.basename(p)[:-3] for p in glob.glob(
+        os.path.join(BENCHMARKS, "*.py"))) if importlib.util.find_spec(name) is not None]
+    assert hidden == []
 
 
 @pytest.mark.parametrize("path", [

@@ -1,7 +1,8 @@
 """Presets by env family: docs/presets.md's table is every preset's settings with its source;
 each preset resolves, chosen by itself from the env's family, to the table's values; --preset
 names one or turns them off, flags override them, config.json records the one that applied;
-`run.py --list_presets` lists them (benchmarks/mujoco.py's smoke run: tests/test_benchmarks.py)."""
+`run.py --list_presets` lists them (benchmarks/mujoco_suite.py's smoke run:
+tests/test_benchmarks.py)."""
 
 from __future__ import annotations
 
