@@ -460,6 +460,27 @@ class _Batches:
         self.closed = True
 
 
+def test_a_report_never_holds_metrics_of_more_env_steps_than_its_counts():
+    """The learner thread may log an update while a report is being made: the report reads
+    the metrics first, so a learning-rate factor logged meanwhile (set from env steps beyond
+    the report's snapshot) waits for the next report."""
+    counter, inference = Counter(return_window=5), _Inference()
+    stats = LearnerStats(counter, inference, lambda: 0, lambda: None, log_every_s=0.0)
+    counter.add_env_steps(100)
+    stats.log({}, {"learning_rate_factor": 0.9})
+
+    def snapshot_while_the_learner_logs():
+        snapshot = counter.snapshot()  # 100 env steps; then the learner goes on.
+        counter.add_env_steps(100)
+        stats.log({}, {"learning_rate_factor": 0.8})
+        return snapshot
+
+    report = stats.report(snapshot_while_the_learner_logs)
+    assert (report["env_steps"], report["learning_rate_factor"]) == (100, 0.9)
+    report = stats.report(counter.snapshot)
+    assert (report["env_steps"], report["learning_rate_factor"]) == (200, 0.8)
+
+
 def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside():
     """The node only moves batches and params between the parts `program.learner_node`
     passes in: each update's params go to inference with the next version and are counted,

@@ -105,7 +105,7 @@ class LearnerNode:
         `elapsed_s` is training time summed over the run's sessions (resumes included);
         `evaluation` is the latest result of `record_evaluation`, or None.
         """
-        return self._stats.report(self._counter.snapshot())
+        return self._stats.report(self._counter.snapshot)
 
     def env_steps(self) -> int:
         """Env steps counted so far, over all sessions of the run."""
@@ -141,9 +141,9 @@ class LearnerNode:
                 self._checkpointer.wait()
                 self._save_replay(final)
             if reason is not None:
-                runtime.request_stop(reason, info=self._stats.report(final))
+                runtime.request_stop(reason, info=self._stats.report(lambda: final))
             else:  # Stopped from outside: the final counts go with that stop's result.
-                runtime.report_final(self._stats.report(final))
+                runtime.report_final(self._stats.report(lambda: final))
         finally:
             try:
                 self._inference.join(timeout=5.0)

@@ -161,10 +161,16 @@ class LearnerStats:
         # Rebinding one attribute is atomic: `report` sees the old result or the new one.
         self._evaluation = dict(result)
 
-    def report(self, snapshot: CounterSnapshot) -> dict[str, Any]:
-        """Counters and return statistics of `snapshot`, the rates, the latest learner
-        metrics and evaluation (see `LearnerNode.stats`)."""
-        stats = snapshot.stats()
+    def report(self, take_snapshot: Callable[[], CounterSnapshot]) -> dict[str, Any]:
+        """Counters and return statistics of the snapshot `take_snapshot` takes, the rates,
+        the latest learner metrics and evaluation (see `LearnerNode.stats`).
+
+        The metrics are read before the snapshot is taken: the learner thread may log an
+        update between the two, and its learning-rate factor, set from the env steps when
+        it began, could then come from more env steps than the record's.
+        """
+        metrics = self._metrics
+        stats = take_snapshot().stats()
         stats.update(
             evaluation=self._evaluation,
             env_steps_per_s=self._rate.update(stats["env_steps"]),
@@ -176,6 +182,6 @@ class LearnerStats:
                      "first_learner_step": self._startup.first_learner_step,
                      "policy_compiled": self._startup.policy_compiled,
                      "learner_compiled": self._compiled_at()},
-            **self._metrics,
+            **metrics,
         )
         return stats
