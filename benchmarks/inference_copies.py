@@ -70,9 +70,8 @@ def main() -> None:
             for name, rows in slots.items():
                 gather(rows, workers, batch[name])
             gathering += time.perf_counter() - before
-            for i, worker in enumerate(workers):
-                recorder.record(worker, 0, {name: v[i * k:(i + 1) * k]
-                                            for name, v in batch.items()})
+            recorder.record([(worker, 0) for worker in workers],
+                            {name: v.reshape(w, k, *v.shape[1:]) for name, v in batch.items()})
         recording = time.perf_counter() - start - gathering - joining[0]
         if repeat:
             gather_ms.append(1e3 * gathering / args.rounds)

@@ -481,11 +481,13 @@ def test_a_report_never_holds_metrics_of_more_env_steps_than_its_counts():
     assert (report["env_steps"], report["learning_rate_factor"]) == (200, 0.8)
 
 
-def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside():
+@pytest.mark.parametrize("log_every_s", [0.0, 3600.0])
+def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside(log_every_s):
     """The node only moves batches and params between the parts `program.learner_node`
     passes in: each update's params go to inference with the next version and are counted,
     its metrics and policy lag reach `stats()`, and a stop from outside ends `run()` with
-    the batches closed."""
+    the batches closed. Logged at every update or only at the first, the final stats have
+    the last update's metrics."""
     stop = threading.Event()
     learner, inference = _CountingLearner(), _Inference()
     acted_by = np.zeros((3, 2), np.int64)  # Every batch acted by the initial params.
@@ -495,7 +497,7 @@ def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside():
                                                  threading.Event(), stop, lambda size: None),
                            None, ExperimentConfig(), batch_size=2)
     node = LearnerNode(inference, batches, update, counter, lambda snapshot: None,
-                       LearnerStats(counter, inference, lambda: 0, lambda: None, log_every_s=0.0),
+                       LearnerStats(counter, inference, lambda: 0, lambda: None, log_every_s),
                        checkpointer=None, stop=stop)
     running = threading.Thread(target=node.run)
     running.start()
@@ -510,5 +512,8 @@ def test_the_node_trains_on_the_parts_it_is_given_and_stops_from_outside():
     assert batches.closed
     stats = node.stats()
     assert stats["learner_steps"] == 3 and node.get_params() == 3
-    assert stats["loss"] == 2.0  # The last update's metrics (logged at every update here).
-    assert (stats["policy_lag_mean"], stats["policy_lag_max"]) == (2.0, 2.0)
+    assert stats["loss"] == 2.0  # The last update's metrics.
+    # Over the updates since the previous log: the third alone (lag 2), or the second and
+    # third (lags 1 and 2) where only the first was logged.
+    lag_mean = 2.0 if log_every_s == 0 else 1.5
+    assert (stats["policy_lag_mean"], stats["policy_lag_max"]) == (lag_mean, 2.0)

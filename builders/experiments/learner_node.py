@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -80,6 +81,8 @@ class LearnerNode:
         self._group = group or LearnerGroup()
         # Set by the `checkpoint` RPC (the session's timer), honoured between updates.
         self._checkpoint_due = threading.Event()
+        # The last update's metrics while they are not logged (`LearnerStats.due`).
+        self._unlogged: Mapping[str, Any] | None = None
 
     # --- RPCs -------------------------------------------------------------------------
 
@@ -131,6 +134,8 @@ class LearnerNode:
         self._inference.start()
         try:
             reason = self._train()
+            if self._unlogged is not None:  # The final report has the last update's metrics.
+                self._stats.log(self._unlogged, self._update.schedule_metrics())
             # Also when stopped from outside (Ctrl-C, another node's stop). One snapshot for
             # both, so the run's final stats are the counts of its last checkpoint.
             final = self._counter.snapshot()
@@ -188,6 +193,9 @@ class LearnerNode:
             self._update.check_later(metrics, snapshot.learner_steps + 1)
             if self._stats.due():
                 self._stats.log(metrics, self._update.schedule_metrics())
+                self._unlogged = None
+            else:
+                self._unlogged = metrics
 
     def _save_replay(self, final: CounterSnapshot) -> None:
         """Saves a learner's replay beside the session's final checkpoint (after it: a run
