@@ -19,7 +19,7 @@ from trellis.agents.alphazero import AlphaZeroBuilder, AlphaZeroConfig
 from trellis.agents.alphazero.losses import alphazero_loss
 from trellis.agents.alphazero.search import make_search
 from trellis.agents.common import baselines
-from trellis.agents.common.self_play import opening_moves, replay_add, replay_init, value_targets
+from trellis.agents.common.self_play import random_moves, replay_add, replay_init, value_targets
 from trellis.agents.ppo import PPOBuilder, PPOConfig
 from trellis.builders.experiments.self_play_run import SelfPlayProgram
 from trellis.builders.experiments.session import UnsupportedError, check_supported
@@ -152,7 +152,7 @@ def test_replay_keeps_weighted_positions_in_a_ring():
     np.testing.assert_array_equal(replay.items["value"], [7.0, 3.0, 4.0, 5.0, 6.0])
 
 
-def test_opening_moves_are_uniform_over_the_legal_ones_then_the_searchs():
+def test_random_moves_are_uniform_over_the_legal_ones_in_openings_then_by_chance():
     env, n = pgx.make("tic_tac_toe"), 9_000
     games = jax.vmap(env.init)(jax.random.split(jax.random.PRNGKey(0), n))
     after_centre = jax.vmap(env.step)(games, jnp.full(n, 4))
@@ -160,13 +160,23 @@ def test_opening_moves_are_uniform_over_the_legal_ones_then_the_searchs():
     key = jax.random.PRNGKey(1)
     # A count of a uniform draw over k cells is n/k with sd sqrt(n (1/k)(1 - 1/k)): about
     # 30 for k = 9 and 8; 150 is 5 sd.
-    first = np.bincount(np.asarray(opening_moves(games, key, search, 1)), minlength=9)
+    first = np.bincount(np.asarray(random_moves(games, key, search, 1, 0.0)), minlength=9)
     np.testing.assert_allclose(first, n / 9, atol=150)
     # One move made: the search's from the second on, unless two are drawn.
-    np.testing.assert_array_equal(opening_moves(after_centre, key, search, 1), search)
-    second = np.bincount(np.asarray(opening_moves(after_centre, key, search, 2)), minlength=9)
+    np.testing.assert_array_equal(random_moves(after_centre, key, search, 1, 0.0), search)
+    second = np.bincount(np.asarray(random_moves(after_centre, key, search, 2, 0.0)),
+                         minlength=9)
     assert second[4] == 0  # The centre is taken.
     np.testing.assert_allclose(np.delete(second, 4), n / 8, atol=150)
+    # After the openings, a quarter of the moves drawn over the 8 free cells: a search's
+    # corner kept by 3/4 + 1/4 * 1/8 of the games (sd about 39; 200 is 5 sd).
+    corner = jnp.zeros(n, jnp.int32)
+    later = np.bincount(np.asarray(random_moves(after_centre, key, corner, 1, 0.25)),
+                        minlength=9)
+    assert later[4] == 0
+    np.testing.assert_allclose(later[0], n * (0.75 + 0.25 / 8), atol=200)
+    np.testing.assert_allclose(later[1:4], n * 0.25 / 8, atol=100)
+    np.testing.assert_allclose(later[5:], n * 0.25 / 8, atol=100)
 
 
 def _index(board: str) -> int:

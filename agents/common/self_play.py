@@ -123,18 +123,25 @@ def select_games(where: jax.Array, games: Games, others: Games) -> Games:
         games, others)
 
 
-def opening_moves(games: Games, key: jax.Array, action: jax.Array, num_moves: int
-                  ) -> jax.Array:
-    """`action` [B], where a game has made fewer than `num_moves` moves a legal one drawn
-    uniformly instead.
+def random_moves(games: Games, key: jax.Array, action: jax.Array, opening_moves: int,
+                 probability: float) -> jax.Array:
+    """`action` [B], where a game has made fewer than `opening_moves` moves, and elsewhere with
+    `probability`, a legal one drawn uniformly instead.
 
     The position's policy target stays the search's; its value target is the game's outcome
-    after the drawn move, as it is after a move sampled from the visit counts.
+    after the drawn move, as it is after a move sampled from the visit counts. Later random
+    moves show the model what follows the search's rejected moves (a threat left open), which
+    its own play never makes.
     """
     legal = games.legal_action_mask
     drawn = jax.random.categorical(key, masked_logits(jnp.zeros(legal.shape), legal))
     # pgx counts a game's moves in `_step_count` (v2's State; no public name for it).
-    return jnp.where(games._step_count < num_moves, drawn, action)
+    random = games._step_count < opening_moves
+    if probability:
+        # fold_in: the openings' draws stay what they were before this setting.
+        coin = jax.random.uniform(jax.random.fold_in(key, 1), action.shape)
+        random |= coin < probability
+    return jnp.where(random, drawn, action)
 
 
 @flax.struct.dataclass
@@ -256,11 +263,11 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
         params, games = carry
         out = search(params, search_key, games)
         action = jnp.asarray(out.action)
-        if config.random_opening_moves:
-            # fold_in, not a third split: without openings the keys, and so a seed's games,
-            # are what they were before the setting.
-            action = opening_moves(games, jax.random.fold_in(key, 1), action,
-                                   config.random_opening_moves)
+        if config.random_opening_moves or config.random_move_probability:
+            # fold_in, not a third split: without random moves the keys, and so a seed's
+            # games, are what they were before the settings.
+            action = random_moves(games, jax.random.fold_in(key, 1), action,
+                                  config.random_opening_moves, config.random_move_probability)
         after = jax.vmap(env.step)(games, action)
         made = (games.observation, games.current_player, jnp.asarray(out.action_weights),
                 after.rewards, after.terminated)

@@ -66,6 +66,10 @@ class SelfPlayConfig(AgentConfig):
         0, "self-play: the first moves of each game uniformly among the legal ones rather than "
         "the search's (its policy stays the target), so that the network sees openings its own "
         "play rarely makes", ge=0)
+    random_move_probability: float = setting(
+        0.0, "self-play: the chance of each later move being drawn uniformly among the legal "
+        "ones rather than the search's (its policy stays the target), so that the network sees "
+        "what follows moves its own play rejects", ge=0, le=1)
 
     # Replay of positions (observation, search policy, outcome) on the device.
     replay_size: int = setting(100_000, "positions the replay holds", ge=1)
