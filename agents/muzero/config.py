@@ -40,15 +40,16 @@ class MuZeroConfig(SelfPlayConfig):
             raise self.invalid("num_unroll_steps", f"<= unroll_length = {self.unroll_length}")
 
 
-# Tic-tac-toe (`--preset=auto` picks it for pgx:tic_tac_toe: launch/flags/presets.py): the
-# settings measured nearest the target of no game lost to minimax after 10 minutes on 2 cores
-# (agents/muzero/README.md; not met: seeds 0, 1 and 2 lost 1, 3 and 0 positions of minimax's
-# lines). What bounds the model is what self-play shows it more than its fit: with AlphaZero's
-# preset it fitted its own games and lost half its games to minimax. Three random opening
-# moves put it in positions its own play never reaches; 2 x 256 units and a latent of 128 fit
-# faster than the defaults (on exact targets, benchmarks/muzero_model.py --fit, a fifth of
-# their value and reward losses after 6,000 updates); 32 updates an iteration fit that wider
-# data; the budget is what 10 minutes then play.
+# Tic-tac-toe (`--preset=auto` picks it for pgx:tic_tac_toe: launch/flags/presets.py): no game
+# lost to minimax after 10 minutes on 2 cores, seeds 0-3 (agents/muzero/README.md). What bounds
+# the model is what self-play shows it more than its fit: with AlphaZero's preset it fitted its
+# own games and lost half its games to minimax. Three random opening moves, then a quarter of
+# the later moves at random, put it in positions its own play never reaches (a threat left
+# open: without the later ones seeds 0, 1 and 2 lost 1, 3 and 0 positions of minimax's lines);
+# 2 x 256 units and a latent of 128 fit faster than the defaults (on exact targets,
+# benchmarks/muzero_model.py --fit, a fifth of their value and reward losses after 6,000
+# updates); 32 updates an iteration fit that wider data; the budget is what 10 minutes then
+# play.
 TIC_TAC_TOE = Preset(
     source="Trellis's own runs on a 2-core CPU, agents/muzero/README.md (tic-tac-toe, "
            "2026-12-07)",
@@ -56,6 +57,7 @@ TIC_TAC_TOE = Preset(
               "replay_size": 1_000_000, "total_env_steps": 550_000,
               "learning_rate_schedule": "linear", "eval_opponent": "minimax",
               "eval_every_updates": 8_000, "random_opening_moves": 3,
+              "random_move_probability": 0.25,
               "eval_simulations": 200, "hidden_sizes": (256, 256), "latent_size": 128,
               "updates_per_iteration": 32},
     sources={"search_policy": GUMBEL_SOURCE})
