@@ -1,6 +1,8 @@
-"""MuZero (agents/muzero): the K-step targets on a hand-written game record, the loss against
-float64 numpy, the gradient scaling, the recurrent_fn's shapes, the root's invalid-action
-mask, short self-play that learns tic-tac-toe, and a resumed run equal to a straight one."""
+"""MuZero (agents/muzero): the K-step targets on a hand-written game record, the n-step
+value targets against float64 numpy and the positions that read them from the model, the
+loss against float64 numpy, the gradient scaling, the recurrent_fn's shapes, the root's
+invalid-action mask, short self-play that learns tic-tac-toe (with outcomes and with n-step
+targets), and a resumed run equal to a straight one."""
 
 from __future__ import annotations
 
@@ -11,9 +13,16 @@ import pgx
 import pytest
 
 from trellis.agents.common import baselines
+from trellis.agents.common.self_play import ActedMoves
 from trellis.agents.muzero import MuZeroBuilder, MuZeroConfig
-from trellis.agents.muzero.losses import muzero_loss, scale_gradient, unroll_targets
+from trellis.agents.muzero.losses import (
+    muzero_loss,
+    n_step_values,
+    scale_gradient,
+    unroll_targets,
+)
 from trellis.agents.muzero.search import make_recurrent_fn, make_search
+from trellis.agents.muzero.self_play import make_positions
 from trellis.builders.contract.config import ConfigError
 from trellis.builders.experiments.self_play_run import SelfPlayProgram, restore_params
 from trellis.envs import make_env_factory
@@ -53,6 +62,77 @@ def test_unroll_targets_by_hand():
     np.testing.assert_array_equal(drawn["value"][:, 0], 0.0)
     np.testing.assert_array_equal(drawn["reward"][:, 0], 0.0)
     np.testing.assert_array_equal(drawn["policy_mask"][:, 0], out["policy_mask"][:, 0])
+
+
+def _n_step_values_float64(rewards, terminated, player, predicted, n):
+    """The value targets by their definition: the outcome of the first game end within the n
+    moves t..t+n-1, else the mover's sign times the prediction at t + n, else unknown."""
+    length, batch = terminated.shape
+    values, known = np.zeros((length, batch)), np.zeros((length, batch), bool)
+    for t in range(length):
+        for b in range(batch):
+            end = next((u for u in range(t, min(t + n, length)) if terminated[u, b]), None)
+            if end is not None:
+                values[t, b], known[t, b] = rewards[end, b, player[t, b]], True
+            elif t + n < length:
+                sign = 1.0 if player[t + n, b] == player[t, b] else -1.0
+                values[t, b], known[t, b] = sign * predicted[t + n, b], True
+    return values, known
+
+
+def _random_games(rng, length, batch):
+    """Games side by side: each ends with probability 0.2 a move, its last mover winning,
+    losing or drawing; players alternate within a game, a new one starts with either."""
+    terminated = rng.random((length, batch)) < 0.2
+    rewards = np.zeros((length, batch, 2), np.float32)
+    player = np.zeros((length, batch), np.int32)
+    for b in range(batch):
+        mover = rng.integers(2)
+        for t in range(length):
+            player[t, b] = mover
+            if terminated[t, b]:
+                outcome = rng.choice([-1.0, 0.0, 1.0])
+                rewards[t, b, mover], rewards[t, b, 1 - mover] = outcome, -outcome
+                mover = rng.integers(2)
+            else:
+                mover = 1 - mover
+    return rewards, terminated, player
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_n_step_values_against_float64_numpy(n):
+    rng = np.random.default_rng(n)
+    rewards, terminated, player = _random_games(rng, 20, 6)
+    predicted = rng.uniform(-1, 1, (20, 6)).astype(np.float32)
+    values, known = jax.jit(n_step_values, static_argnums=4)(rewards, terminated, player,
+                                                             predicted, n)
+    expected, expected_known = _n_step_values_float64(rewards, terminated, player,
+                                                      predicted.astype(np.float64), n)
+    np.testing.assert_array_equal(known, expected_known)
+    np.testing.assert_allclose(values, expected, rtol=1e-6)
+    # Both kinds of target occur: the outcome within n moves and the bootstrap.
+    bootstrapped = np.isin(np.abs(expected), np.abs(predicted)) & expected_known
+    assert 0 < bootstrapped.sum() < expected_known.sum()
+
+
+def test_positions_bootstrap_from_the_models_value_with_the_playing_params():
+    """MuZero's positions with td_steps read the model's value of the observation n moves on
+    (negated for the other player), and with K + n <= T every position has its targets."""
+    config = MuZeroConfig(hidden_sizes=(16,), latent_size=8)
+    _, network, _, params = _model(config)
+    rng = np.random.default_rng(0)
+    rewards, terminated, player = _random_games(rng, 12, 4)
+    obs = rng.integers(0, 2, (12, 4, 3, 3, 2)).astype(bool)
+    moves = ActedMoves(obs=obs, player=player, policy=np.full((12, 4, 9), 1 / 9, np.float32),
+                       rewards=rewards, terminated=terminated,
+                       action=rng.integers(0, 9, (12, 4)))
+    items = jax.jit(make_positions(network, 2, 3))(params, moves, jnp.ones((), bool))
+    _, _, value = network.apply(params, obs.reshape(48, 3, 3, 2),
+                                method=network.initial_inference)
+    expected, _ = _n_step_values_float64(rewards, terminated, player,
+                                         np.asarray(value, np.float64).reshape(12, 4), 3)
+    np.testing.assert_allclose(items["value"][:, :, 0], expected[:6], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(items["weight"], 1.0)
 
 
 def _softmax_cross_entropy(logits: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -146,6 +226,10 @@ def test_the_root_never_searches_nor_plays_an_illegal_move(search_policy):
 def test_unroll_longer_than_the_chunk_is_refused():
     with pytest.raises(ConfigError, match="num_unroll_steps"):
         MuZeroConfig(unroll_length=4, num_unroll_steps=5)
+    # The n moves after the K unrolled ones must lie in the next chunk too.
+    with pytest.raises(ConfigError, match="unroll_length - td_steps = 4"):
+        MuZeroConfig(unroll_length=10, num_unroll_steps=5, td_steps=6)
+    MuZeroConfig(unroll_length=11, num_unroll_steps=5, td_steps=6)
 
 
 def _search_score(builder, program, params, num_games=400):
@@ -159,10 +243,11 @@ def _search_score(builder, program, params, num_games=400):
 # Slow: 31 s of the default suite; the search tests against mctx stay in it.
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # About a minute on 2 idle cores; ten at a load of 35.
-def test_short_self_play_improves_against_random():
+@pytest.mark.parametrize("td_steps", [0, 3])
+def test_short_self_play_improves_against_random(td_steps):
     config = MuZeroConfig(unroll_length=9, batch_size=32, num_simulations=8, hidden_sizes=(64,),
                           latent_size=32, search_policy="gumbel", min_replay_size=256,
-                          updates_per_iteration=8)
+                          updates_per_iteration=8, td_steps=td_steps)
     builder = MuZeroBuilder(config)
     program = SelfPlayProgram(builder, make_env_factory(TIC_TAC_TOE))
     state = program.init(jax.random.key(0))

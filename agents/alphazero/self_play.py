@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from trellis.agents.alphazero.config import AlphaZeroConfig
 from trellis.agents.alphazero.search import make_search
+from trellis.agents.common.params import Params
 from trellis.agents.common.self_play import (
     Moves,
     SelfPlayLoop,
@@ -20,9 +21,11 @@ from trellis.agents.common.self_play import (
 from trellis.builders.contract.agent import Training
 
 
-def outcome_positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
+def outcome_positions(params: Params, moves: Moves, valid: jax.Array
+                      ) -> dict[str, jax.Array]:
     """AlphaZero's positions: observation, search policy, and the game's outcome for the
     player to move (weight 0 where the game has not ended yet)."""
+    del params  # The outcome needs no model.
     num_moves = moves.obs.shape[0] // 2
     values, known = value_targets(moves.rewards, moves.terminated, moves.player)
     return {"obs": moves.obs[:num_moves], "policy": moves.policy[:num_moves],

@@ -239,10 +239,12 @@ class SelfPlayLoop:
         return SelfPlayCounts(state.moves, state.train.step, state.games_finished)
 
 
-# positions(moves [2T, B], valid) -> the replay's items of the first T moves' positions,
-# {name: [T, B, ...]} with "weight" (0: not stored), from those moves and the next T (whose
-# games end the first T's); `valid` False: the first T are the zeros before any move.
-Positions = Callable[[Moves, jax.Array], dict[str, jax.Array]]
+# positions(params, moves [2T, B], valid) -> the replay's items of the first T moves'
+# positions, {name: [T, B, ...]} with "weight" (0: not stored), from those moves and the next
+# T (whose games end the first T's); `params` are the ones that played them (MuZero's value
+# targets bootstrapped n moves on read its value there); `valid` False: the first T are the
+# zeros before any move.
+Positions = Callable[[Params, Moves, jax.Array], dict[str, jax.Array]]
 
 
 def make_self_play_loop(env: Any, search: Search, training: Training, config: SelfPlayConfig,
@@ -278,16 +280,17 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
 
     def init(key: jax.Array) -> SelfPlayState:
         train_key, games_key, moves_key, key = jax.random.split(key, 4)
-        games = new_games(games_key)
+        games, train = new_games(games_key), training.init(train_key)
         _, pending = jax.eval_shape(
-            lambda: jax.lax.scan(move, (training.init(train_key).params, games),
+            lambda: jax.lax.scan(move, (train.params, games),
                                  jax.random.split(moves_key, num_moves)))
         pending = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), pending)
         both = jax.tree.map(lambda a: jnp.concatenate([a, a]), pending)
-        example = jax.tree.map(lambda s: jnp.zeros(s.shape[2:], s.dtype),
-                               jax.eval_shape(positions, both, jnp.zeros((), bool)))
+        example = jax.tree.map(
+            lambda s: jnp.zeros(s.shape[2:], s.dtype),
+            jax.eval_shape(positions, train.params, both, jnp.zeros((), bool)))
         zero = jnp.zeros((), jnp.int32)
-        return SelfPlayState(training.init(train_key), games,
+        return SelfPlayState(train, games,
                              replay_init(config.replay_size, example), pending,
                              jnp.zeros((), bool), key, zero, zero)
 
@@ -307,7 +310,7 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
                                          jax.random.split(play_key, num_moves))
         # The pending moves' games end in these moves (or earlier) when no longer than T.
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), state.pending, moves)
-        items = positions(both, state.pending_valid)
+        items = positions(state.train.params, both, state.pending_valid)
         replay = replay_add(state.replay, jax.tree.map(
             lambda x: x.reshape((-1, *x.shape[2:])), items))
         ready = replay.size >= config.min_replay_size

@@ -22,22 +22,29 @@ class MuZeroConfig(SelfPlayConfig):
     unrolls the model `num_unroll_steps` moves from each sampled position (the paper's K = 5),
     each step's loss gradient scaled by 1 / K and the latent's gradient by
     `dynamics_grad_scale` (0.5) where it enters the dynamics (the paper's pseudocode,
-    `scale_gradient`).
+    `scale_gradient`). The value targets are the games' outcomes (the paper's, on board games)
+    or, with `td_steps` = n, bootstrapped from the model's value n moves on where the game
+    goes on longer (its pseudocode's `make_target`; agents/muzero/losses.py).
     """
 
     latent_size: int = setting(64, "units of the model's latent state", ge=1)
     num_unroll_steps: int = setting(
         5, "K: moves the model is unrolled from each sampled position (MuZero: 5)", ge=1)
     reward_cost: float = setting(1.0, "weight of the reward loss", ge=0)
+    td_steps: int = setting(
+        0, "n: value targets bootstrapped from the model's value n moves on where the game "
+        "goes on longer (0: the game's outcome, MuZero's board games)", ge=0)
     dynamics_grad_scale: float = setting(
         0.5, "scale of the latent's gradient where it enters the dynamics (MuZero: 0.5)",
         gt=0, le=1)
 
     def check(self) -> None:
         super().check()
-        if self.num_unroll_steps > self.unroll_length:
-            # A position's next K moves lie in its iteration's moves and the next's.
-            raise self.invalid("num_unroll_steps", f"<= unroll_length = {self.unroll_length}")
+        # A position's next K moves, and the n after the last of them, lie in its iteration's
+        # moves and the next's.
+        if self.num_unroll_steps + self.td_steps > self.unroll_length:
+            raise self.invalid("num_unroll_steps", f"<= unroll_length - td_steps = "
+                               f"{self.unroll_length - self.td_steps}")
 
 
 # Tic-tac-toe (`--preset=auto` picks it for pgx:tic_tac_toe: launch/flags/presets.py): no game

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 
+from trellis.agents.common.params import Params, pure_apply
 from trellis.agents.common.self_play import (
     ActedMoves,
     Moves,
@@ -22,14 +23,20 @@ from trellis.agents.muzero.search import make_search
 from trellis.builders.contract.agent import Training
 
 
-def make_positions(num_unroll_steps: int) -> Positions:
-    """`positions(moves [2T, B], valid)`: the replay's items of the first T moves, their
-    observation and K-step targets (`agents.common.self_play.Positions`)."""
+def make_positions(network: MuZeroNet, num_unroll_steps: int, td_steps: int) -> Positions:
+    """`positions(params, moves [2T, B], valid)`: the replay's items of the first T moves,
+    their observation and K-step targets (`agents.common.self_play.Positions`), the value
+    targets bootstrapped `td_steps` moves on from the model's value with `params`."""
 
-    def positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
+    def positions(params: Params, moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
         assert isinstance(moves, ActedMoves)  # make_self_play records them.
+        predicted = None
+        if td_steps:
+            obs = moves.obs.reshape((-1, *moves.obs.shape[2:]))
+            _, _, value = pure_apply(network)(params, obs, method=MuZeroNet.initial_inference)
+            predicted = value.reshape(moves.terminated.shape)
         targets = unroll_targets(moves.action, moves.policy, moves.rewards, moves.terminated,
-                                 moves.player, num_unroll_steps)
+                                 moves.player, num_unroll_steps, td_steps, predicted)
         return {**targets, "obs": moves.obs[:moves.obs.shape[0] // 2],
                 "weight": targets["weight"] * valid}
 
@@ -40,4 +47,5 @@ def make_self_play(env: Any, network: MuZeroNet, training: Training, config: MuZ
                    ) -> SelfPlayLoop:
     """MuZero's self-play loop on `env` (see the module's docstring)."""
     return make_self_play_loop(env, make_search(network, config), training, config,
-                               make_positions(config.num_unroll_steps), record_actions=True)
+                               make_positions(network, config.num_unroll_steps,
+                                              config.td_steps), record_actions=True)
