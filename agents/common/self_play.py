@@ -241,9 +241,9 @@ class SelfPlayLoop:
 
 # positions(params, moves [2T, B], valid) -> the replay's items of the first T moves'
 # positions, {name: [T, B, ...]} with "weight" (0: not stored), from those moves and the next
-# T (whose games end the first T's); `params` are the ones that played them (MuZero's value
-# targets bootstrapped n moves on read its value there); `valid` False: the first T are the
-# zeros before any move.
+# T (whose games end the first T's); `params` are the newest, those that played the next T
+# (MuZero's value targets bootstrapped n moves on read its value there); `valid` False: the
+# first T are the zeros before any move.
 Positions = Callable[[Params, Moves, jax.Array], dict[str, jax.Array]]
 
 
