@@ -10,6 +10,8 @@ import pytest
 from tests.test_run import run, summary
 from tests.test_sac import LEARNED_PENDULUM_RETURN, pendulum_unrolls
 from trellis.agents import common
+from trellis.agents.common.continuous import Bounds, deterministic_policy
+from trellis.agents.d4pg import D4PGBuilder, D4PGConfig
 from trellis.agents.td3 import TD3Builder, TD3Config
 from trellis.agents.td3.config import DDPGConfig
 from trellis.agents.td3.learner import init_state, make_update
@@ -129,7 +131,7 @@ def test_learner_reduces_critic_loss_on_a_fixed_batch():
 
 def test_policy_explores_in_bounds_when_training_and_is_deterministic_when_evaluating():
     builder, spec, networks = pendulum(TD3Config(exploration_noise=0.5))
-    params = {"policy": networks.init_policy(jax.random.PRNGKey(0))}
+    params = {"policy": networks.init_policy(jax.random.PRNGKey(0)), "learned": jnp.array(True)}
     obs = jnp.asarray(np.random.default_rng(3).normal(size=(64, 3)), jnp.float32)
     first = jnp.zeros(64, bool)
     evaluate = jax.jit(builder.make_policy(networks, evaluation=True))
@@ -142,6 +144,40 @@ def test_policy_explores_in_bounds_when_training_and_is_deterministic_when_evalu
     assert np.all(np.abs(s) <= 2.0) and not np.allclose(s, a1)
     # Noise std 0.5 half-ranges = 1.0 here, until the clip at the bounds.
     assert 0.6 < np.std(s - a1) < 1.1
+
+
+def test_policy_acts_uniformly_in_each_dimensions_bounds_until_learned():
+    bounds = Bounds(low=(-1.0, 0.0), high=(1.0, 3.0))
+    mu = jnp.asarray([0.9, 2.9])  # Near the high bounds: noise around it is far from uniform.
+    policy = jax.jit(deterministic_policy(lambda p, obs: jnp.broadcast_to(mu, (len(obs), 2)),
+                                          bounds, 0.1, evaluation=False))
+    obs, first = jnp.zeros((20_000, 3)), jnp.zeros(20_000, bool)
+
+    def act(learned: bool) -> np.ndarray:
+        params = {"policy": {}, "learned": jnp.array(learned)}
+        return np.asarray(policy(params, jax.random.PRNGKey(0), obs, {}, first)[0])
+
+    before, after = act(False), act(True)
+    for d, (low, high) in enumerate(zip(bounds.low, bounds.high)):
+        quarters = np.histogram(before[:, d], bins=4, range=(low, high))[0] / len(before)
+        np.testing.assert_allclose(quarters, 0.25, atol=0.015)
+        assert low <= before[:, d].min() and before[:, d].max() <= high
+    # Learned: mu(s) plus noise of std 0.1 half-ranges (0.1 and 0.15), clipped at the bounds.
+    np.testing.assert_allclose(np.median(after, axis=0), mu, atol=0.01)
+    assert np.all(after <= np.asarray(bounds.high))
+
+
+def test_td3_and_d4pg_act_at_random_until_the_learner_steps():
+    for builder in (TD3Builder(TD3Config(min_replay_size=64, updates_per_step=2,
+                                         sample_batch_size=32)),
+                    D4PGBuilder(D4PGConfig(min_replay_size=64, updates_per_step=2,
+                                           sample_batch_size=32))):
+        spec = GymnasiumFactory("Pendulum-v1").spec()
+        networks = builder.make_networks(spec)
+        learner = builder.make_learner(networks, spec, jax.random.PRNGKey(0))
+        assert not learner.params["learned"]
+        learner.step(pendulum_unrolls(np.random.default_rng(1)))
+        assert learner.params["learned"], type(builder).__name__
 
 
 @pytest.mark.slow  # The default suite's quick off-policy run is SAC's (tests/test_sac.py).

@@ -1,7 +1,7 @@
 """Continuous control pieces the actor-critic agents share (SAC, TD3, D4PG, MPO): their
 config's replay defaults, the check that an env has flat bounded actions, the squash into
 those bounds, a deterministic policy and critics on [obs, action] and their inits, and the
-acting policy of a deterministic actor."""
+acting params and policy of a deterministic actor."""
 
 from __future__ import annotations
 
@@ -144,24 +144,42 @@ class ActorCriticState(Protocol):
     def policy_params(self) -> Params: ...
 
 
+class DeterministicActorState(ActorCriticState, Protocol):
+    """What `deterministic_actor_params` reads of TD3's and D4PG's training state."""
+
+    @property
+    def step(self) -> jax.Array: ...
+
+
 def actor_params(state: ActorCriticState) -> dict[str, Params]:
     """What an actor-critic's policy reads (`Training.acting_params`): its actor's params,
     `{"policy": state.policy_params}`, so inference and anakin never carry the critics."""
     return {"policy": state.policy_params}
 
 
+def deterministic_actor_params(state: DeterministicActorState) -> dict[str, Params]:
+    """What a deterministic actor's policy reads (TD3's, D4PG's `Training.acting_params`):
+    `actor_params`, and `learned`, whether the learner has taken an SGD step: until it has,
+    `deterministic_policy` acts uniformly at random."""
+    return {**actor_params(state), "learned": state.step > 0}
+
+
 def deterministic_policy(act: Callable[[Params, jax.Array], jax.Array], bounds: Bounds,
                          exploration_noise: float, evaluation: bool) -> Policy:
     """The acting policy of a deterministic actor (TD3, DDPG, D4PG), feed-forward:
     `policy(params, key, obs[N, D_obs], state, first) -> (actions[N, D], {}, state)` reads
-    `params["policy"]`; mu(s) plus Gaussian noise of std `exploration_noise` half-ranges,
-    clipped to the bounds, when training, mu(s) when evaluating.
+    `params["policy"]` and `params["learned"]` (`deterministic_actor_params`). Evaluating, it
+    acts mu(s); training, mu(s) plus Gaussian noise of std `exploration_noise` half-ranges,
+    clipped to the bounds, once the learner has stepped, and uniformly within the bounds
+    before: the replay's first `min_replay_size` transitions then span the action box rather
+    than the noisy actions of an untrained actor (the TD3 authors' start steps, CleanRL's and
+    Stable-Baselines3's `learning_starts`).
 
     Args:
       act: `act(policy_params, obs) -> mu(obs)`, already in bounds.
       bounds: the env's action bounds.
       exploration_noise: the noise's std in half-widths of the action range.
-      evaluation: no noise.
+      evaluation: mu(s) alone.
     """
 
     def policy(params: Params, key: jax.Array, obs: jax.Array, state: State, first: jax.Array
@@ -170,7 +188,11 @@ def deterministic_policy(act: Callable[[Params, jax.Array], jax.Array], bounds: 
         action = act(params["policy"], obs)
         if evaluation:
             return action, {}, state
-        noise = jax.random.normal(key, action.shape, action.dtype)
-        return bounds.clip(action + exploration_noise * bounds.scale * noise), {}, state
+        noise_key, uniform_key = jax.random.split(key)
+        noise = jax.random.normal(noise_key, action.shape, action.dtype)
+        noisy = bounds.clip(action + exploration_noise * bounds.scale * noise)
+        uniform = jax.random.uniform(uniform_key, action.shape, action.dtype,
+                                     jnp.asarray(bounds.low), jnp.asarray(bounds.high))
+        return jnp.where(params["learned"], noisy, uniform), {}, state
 
     return policy

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from trellis.agents.common import STATE_HPARAMS, Batch, importance_weights, make_optimizer
-from trellis.agents.common.continuous import actor_params
+from trellis.agents.common.continuous import deterministic_actor_params
 from trellis.agents.common.params import Params
 from trellis.agents.d4pg import losses
 from trellis.agents.d4pg.config import D4PGConfig
@@ -118,6 +118,7 @@ def make_training(networks: D4PGNetworks, config: D4PGConfig) -> Training:
     """The pure init and update of the D4PG learner (`builders.contract.agent.Training`)."""
     optimizer = make_optimizer(config)
     return Training(functools.partial(init_state, networks, optimizer),
-                    lambda mesh: make_update(networks, optimizer, config), actor_params,
+                    lambda mesh: make_update(networks, optimizer, config),
+                    deterministic_actor_params,
                     STATE_HPARAMS)
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from trellis.agents.common import STATE_HPARAMS, Batch, make_optimizer
-from trellis.agents.common.continuous import actor_params
+from trellis.agents.common.continuous import deterministic_actor_params
 from trellis.agents.common.params import Params
 from trellis.agents.td3 import losses
 from trellis.agents.td3.config import TD3Config
@@ -130,6 +130,7 @@ def make_training(networks: TD3Networks, config: TD3Config) -> Training:
     """The pure init and update of the TD3 learner (`builders.contract.agent.Training`)."""
     optimizer = make_optimizer(config)
     return Training(functools.partial(init_state, networks, optimizer),
-                    lambda mesh: make_update(networks, optimizer, config), actor_params,
+                    lambda mesh: make_update(networks, optimizer, config),
+                    deterministic_actor_params,
                     STATE_HPARAMS)
 
