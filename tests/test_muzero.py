@@ -1,10 +1,13 @@
 """MuZero (agents/muzero): the K-step targets on a hand-written game record, the n-step
-value targets against float64 numpy and the positions that read them from the model, the
-loss against float64 numpy, the gradient scaling, the recurrent_fn's shapes, the root's
-invalid-action mask, short self-play that learns tic-tac-toe (with outcomes and with n-step
-targets), and a resumed run equal to a straight one."""
+value targets against float64 numpy, the positions that read them from the search's root
+values and the self-play that records those, the loss against float64 numpy, the gradient
+scaling, the recurrent_fn's shapes, the root's invalid-action mask, short self-play that
+learns tic-tac-toe (with outcomes and with n-step targets), and a resumed run equal to a
+straight one."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +16,6 @@ import pgx
 import pytest
 
 from trellis.agents.common import baselines
-from trellis.agents.common.self_play import ActedMoves
 from trellis.agents.muzero import MuZeroBuilder, MuZeroConfig
 from trellis.agents.muzero.losses import (
     muzero_loss,
@@ -21,8 +23,9 @@ from trellis.agents.muzero.losses import (
     scale_gradient,
     unroll_targets,
 )
+from trellis.agents.muzero.networks import MuZeroNet
 from trellis.agents.muzero.search import make_recurrent_fn, make_search
-from trellis.agents.muzero.self_play import make_positions
+from trellis.agents.muzero.self_play import SearchedMoves, make_positions
 from trellis.builders.contract.config import ConfigError
 from trellis.builders.experiments.self_play_run import SelfPlayProgram, restore_params
 from trellis.envs import make_env_factory
@@ -115,24 +118,43 @@ def test_n_step_values_against_float64_numpy(n):
     assert 0 < bootstrapped.sum() < expected_known.sum()
 
 
-def test_positions_bootstrap_from_the_models_value_with_the_playing_params():
-    """MuZero's positions with td_steps read the model's value of the observation n moves on
-    (negated for the other player), and with K + n <= T every position has its targets."""
-    config = MuZeroConfig(hidden_sizes=(16,), latent_size=8)
-    _, network, _, params = _model(config)
+def test_positions_bootstrap_from_the_searchs_root_value():
+    """MuZero's positions with td_steps read the recorded root value n moves on (negated for
+    the other player), and with K + n <= T every position has its targets."""
     rng = np.random.default_rng(0)
     rewards, terminated, player = _random_games(rng, 12, 4)
-    obs = rng.integers(0, 2, (12, 4, 3, 3, 2)).astype(bool)
-    moves = ActedMoves(obs=obs, player=player, policy=np.full((12, 4, 9), 1 / 9, np.float32),
-                       rewards=rewards, terminated=terminated,
-                       action=rng.integers(0, 9, (12, 4)))
-    items = jax.jit(make_positions(network, 2, 3))(params, moves, jnp.ones((), bool))
-    _, _, value = network.apply(params, obs.reshape(48, 3, 3, 2),
-                                method=network.initial_inference)
+    value = rng.uniform(-1, 1, (12, 4)).astype(np.float32)
+    moves = SearchedMoves(obs=rng.integers(0, 2, (12, 4, 3, 3, 2)).astype(bool), player=player,
+                          policy=np.full((12, 4, 9), 1 / 9, np.float32), rewards=rewards,
+                          terminated=terminated, action=rng.integers(0, 9, (12, 4)),
+                          value=value)
+    items = jax.jit(make_positions(2, 3))(moves, jnp.ones((), bool))
     expected, _ = _n_step_values_float64(rewards, terminated, player,
-                                         np.asarray(value, np.float64).reshape(12, 4), 3)
-    np.testing.assert_allclose(items["value"][:, :, 0], expected[:6], rtol=1e-5, atol=1e-6)
+                                         value.astype(np.float64), 3)
+    np.testing.assert_allclose(items["value"][:, :, 0], expected[:6], rtol=1e-6)
     np.testing.assert_array_equal(items["weight"], 1.0)
+
+
+@pytest.mark.parametrize("td_steps", [0, 3])
+def test_self_play_records_the_root_value_only_with_td_steps(td_steps):
+    """With td_steps each move keeps its search's root value (the model's value moved by the
+    simulations); without, the moves hold what MuZero's checkpoints from before hold."""
+    config = MuZeroConfig(unroll_length=4, num_unroll_steps=1, batch_size=8, num_simulations=8,
+                          hidden_sizes=(16,), latent_size=8, min_replay_size=1_000,
+                          td_steps=td_steps)
+    builder = MuZeroBuilder(config)
+    program = SelfPlayProgram(builder, make_env_factory(TIC_TAC_TOE))
+    state, _ = program.iterate(program.init(jax.random.key(0)))
+    recorded = {f.name for f in dataclasses.fields(state.pending)}
+    assert recorded == {"obs", "player", "policy", "rewards", "terminated", "action",
+                        *(["value"] if td_steps else [])}
+    if td_steps:
+        assert isinstance(state.pending, SearchedMoves)
+        obs = np.asarray(state.pending.obs).reshape(32, 3, 3, 2)
+        _, _, raw = program.networks.apply(program.params(state), obs,
+                                           method=MuZeroNet.initial_inference)
+        value = np.asarray(state.pending.value).reshape(32)
+        assert np.all(np.abs(value) <= 1) and not np.allclose(value, raw, atol=1e-3)
 
 
 def _softmax_cross_entropy(logits: np.ndarray, target: np.ndarray) -> np.ndarray:

@@ -158,7 +158,7 @@ def test_policy_acts_uniformly_in_each_dimensions_bounds_until_learned():
         return np.asarray(policy(params, jax.random.PRNGKey(0), obs, {}, first)[0])
 
     before, after = act(False), act(True)
-    for d, (low, high) in enumerate(zip(bounds.low, bounds.high)):
+    for d, (low, high) in enumerate(zip(bounds.low, bounds.high, strict=True)):
         quarters = np.histogram(before[:, d], bins=4, range=(low, high))[0] / len(before)
         np.testing.assert_allclose(quarters, 0.25, atol=0.015)
         assert low <= before[:, d].min() and before[:, d].max() <= high

@@ -195,19 +195,6 @@ class Moves:
 
 
 @flax.struct.dataclass
-class ActedMoves(Moves):
-    """`Moves` with the move made at each, `action` [T, B]: what the loop records where the
-    positions read the moves (MuZero's, `make_self_play_loop`'s `record_actions`).
-
-    A subclass, not a field of `Moves` that AlphaZero would leave empty: its state then holds
-    the arrays, and orbax's tree, it held before MuZero shared the loop (a66810b), so its
-    checkpoints from before resume and evaluate (docs/alphazero.md).
-    """
-
-    action: jax.Array
-
-
-@flax.struct.dataclass
 class SelfPlayState:
     """Everything the loop carries: learning, the games being played, the replay, the last
     iteration's moves (outcomes pending; `pending_valid` False before the first), counts."""
@@ -239,20 +226,23 @@ class SelfPlayLoop:
         return SelfPlayCounts(state.moves, state.train.step, state.games_finished)
 
 
-# positions(params, moves [2T, B], valid) -> the replay's items of the first T moves'
-# positions, {name: [T, B, ...]} with "weight" (0: not stored), from those moves and the next
-# T (whose games end the first T's); `params` are the newest, those that played the next T
-# (MuZero's value targets bootstrapped n moves on read its value there); `valid` False: the
-# first T are the zeros before any move.
-Positions = Callable[[Params, Moves, jax.Array], dict[str, jax.Array]]
+# `Moves`' fields in order, of one move of the games side by side [B, ...].
+Made = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
+# record(made, action, out) -> what the loop keeps of a move: `action` is the move made (the
+# search's or a random one), `out` the search's output; the positions read the records.
+Record = Callable[[Made, jax.Array, SearchOutput], Moves]
+
+# positions(moves [2T, B], valid) -> the replay's items of the first T moves' positions,
+# {name: [T, B, ...]} with "weight" (0: not stored), from those moves and the next T (whose
+# games end the first T's); `valid` False: the first T are the zeros before any move.
+Positions = Callable[[Moves, jax.Array], dict[str, jax.Array]]
 
 
 def make_self_play_loop(env: Any, search: Search, training: Training, config: SelfPlayConfig,
-                        positions: Positions, record_actions: bool) -> SelfPlayLoop:
+                        record: Record, positions: Positions) -> SelfPlayLoop:
     """The self-play loop on `env` of any search and learning (see the module's docstring):
-    `search` picks the moves, `positions` makes the replay's items (of `ActedMoves` where
-    `record_actions`, else of `Moves`), `training` learns from `sample_batch_size` of them
-    per step."""
+    `search` picks the moves, `record` keeps what `positions` reads of them, `positions`
+    makes the replay's items, `training` learns from `sample_batch_size` of them per step."""
     update = training.make_update(None)
     num_games, num_moves = config.batch_size, config.unroll_length
 
@@ -271,12 +261,11 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
             action = random_moves(games, jax.random.fold_in(key, 1), action,
                                   config.random_opening_moves, config.random_move_probability)
         after = jax.vmap(env.step)(games, action)
-        made = (games.observation, games.current_player, jnp.asarray(out.action_weights),
+        made: Made = (games.observation, games.current_player, jnp.asarray(out.action_weights),
                 after.rewards, after.terminated)
-        record = ActedMoves(*made, action) if record_actions else Moves(*made)
         # Finished games restart at once.
         after = select_games(after.terminated, new_games(reset_key), after)
-        return (params, after), record
+        return (params, after), record(made, action, out)
 
     def init(key: jax.Array) -> SelfPlayState:
         train_key, games_key, moves_key, key = jax.random.split(key, 4)
@@ -288,7 +277,7 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
         both = jax.tree.map(lambda a: jnp.concatenate([a, a]), pending)
         example = jax.tree.map(
             lambda s: jnp.zeros(s.shape[2:], s.dtype),
-            jax.eval_shape(positions, train.params, both, jnp.zeros((), bool)))
+            jax.eval_shape(positions, both, jnp.zeros((), bool)))
         zero = jnp.zeros((), jnp.int32)
         return SelfPlayState(train, games,
                              replay_init(config.replay_size, example), pending,
@@ -310,7 +299,7 @@ def make_self_play_loop(env: Any, search: Search, training: Training, config: Se
                                          jax.random.split(play_key, num_moves))
         # The pending moves' games end in these moves (or earlier) when no longer than T.
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), state.pending, moves)
-        items = positions(state.train.params, both, state.pending_valid)
+        items = positions(both, state.pending_valid)
         replay = replay_add(state.replay, jax.tree.map(
             lambda x: x.reshape((-1, *x.shape[2:])), items))
         ready = replay.size >= config.min_replay_size

@@ -23,8 +23,8 @@ class MuZeroConfig(SelfPlayConfig):
     each step's loss gradient scaled by 1 / K and the latent's gradient by
     `dynamics_grad_scale` (0.5) where it enters the dynamics (the paper's pseudocode,
     `scale_gradient`). The value targets are the games' outcomes (the paper's, on board games)
-    or, with `td_steps` = n, bootstrapped from the model's value n moves on where the game
-    goes on longer (its pseudocode's `make_target`; agents/muzero/losses.py).
+    or, with `td_steps` = n, bootstrapped from the search's root value n moves on where the
+    game goes on longer (its pseudocode's `make_target`; agents/muzero/losses.py).
     """
 
     latent_size: int = setting(64, "units of the model's latent state", ge=1)
@@ -32,8 +32,8 @@ class MuZeroConfig(SelfPlayConfig):
         5, "K: moves the model is unrolled from each sampled position (MuZero: 5)", ge=1)
     reward_cost: float = setting(1.0, "weight of the reward loss", ge=0)
     td_steps: int = setting(
-        0, "n: value targets bootstrapped from the model's value n moves on where the game "
-        "goes on longer (0: the game's outcome, MuZero's board games)", ge=0)
+        0, "n: value targets bootstrapped from the search's root value n moves on where the "
+        "game goes on longer (0: the game's outcome, MuZero's board games)", ge=0)
     dynamics_grad_scale: float = setting(
         0.5, "scale of the latent's gradient where it enters the dynamics (MuZero: 0.5)",
         gt=0, le=1)

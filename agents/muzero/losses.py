@@ -6,9 +6,9 @@ A position's targets look K moves ahead in its game: at each step k = 0..K the s
 policy and value for the player to move, and the reward of the moves between. In a board
 game the paper's value target is the outcome (the pseudocode's `td_steps` reaching the
 game's end); with `td_steps` = n it is the outcome where the game ends within n moves, else
-the model's value n moves on (the pseudocode's `make_target`, its root value there being the
-one the learner has now rather than the search's when the move was made). Past the end, the
-absorbing state's value and reward are 0 and its policy has no target.
+the search's root value n moves on, as the move was searched (the pseudocode's
+`make_target`). Past the end, the absorbing state's value and reward are 0 and its policy has
+no target.
 """
 
 from __future__ import annotations

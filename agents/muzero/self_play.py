@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax.struct
 import jax
+import jax.numpy as jnp
 
-from trellis.agents.common.params import Params, pure_apply
 from trellis.agents.common.self_play import (
-    ActedMoves,
+    Made,
     Moves,
     Positions,
+    Record,
+    SearchOutput,
     SelfPlayLoop,
     make_self_play_loop,
 )
@@ -23,18 +26,48 @@ from trellis.agents.muzero.search import make_search
 from trellis.builders.contract.agent import Training
 
 
-def make_positions(network: MuZeroNet, num_unroll_steps: int, td_steps: int) -> Positions:
-    """`positions(params, moves [2T, B], valid)`: the replay's items of the first T moves,
-    their observation and K-step targets (`agents.common.self_play.Positions`), the value
-    targets bootstrapped `td_steps` moves on from the model's value with `params`."""
+@flax.struct.dataclass
+class ActedMoves(Moves):
+    """`Moves` with the move made at each, `action` [T, B]: what the K-step targets read.
 
-    def positions(params: Params, moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
-        assert isinstance(moves, ActedMoves)  # make_self_play records them.
-        predicted = None
+    A subclass, not a field of `Moves` that AlphaZero would leave empty: its state then holds
+    the arrays, and orbax's tree, it held before MuZero shared the loop (a66810b), so its
+    checkpoints from before resume and evaluate (docs/alphazero.md).
+    """
+
+    action: jax.Array
+
+
+@flax.struct.dataclass
+class SearchedMoves(ActedMoves):
+    """`ActedMoves` with the search's root value at each, `value` [T, B] for the player to
+    move: what value targets bootstrapped n moves on read (`td_steps`; without them MuZero's
+    state, and so its checkpoints, are those from before)."""
+
+    value: jax.Array
+
+
+def make_record(td_steps: int) -> Record:
+    """What MuZero's positions read of a move: `SearchedMoves` with `td_steps`, else
+    `ActedMoves`."""
+
+    def record(made: Made, action: jax.Array, out: SearchOutput
+               ) -> ActedMoves:
         if td_steps:
-            obs = moves.obs.reshape((-1, *moves.obs.shape[2:]))
-            _, _, value = pure_apply(network)(params, obs, method=MuZeroNet.initial_inference)
-            predicted = value.reshape(moves.terminated.shape)
+            return SearchedMoves(*made, action, jnp.asarray(out.search_tree.summary().value))
+        return ActedMoves(*made, action)
+
+    return record
+
+
+def make_positions(num_unroll_steps: int, td_steps: int) -> Positions:
+    """`positions(moves [2T, B], valid)`: the replay's items of the first T moves, their
+    observation and K-step targets (`agents.common.self_play.Positions`), the value targets
+    bootstrapped `td_steps` moves on from the search's root value there."""
+
+    def positions(moves: Moves, valid: jax.Array) -> dict[str, jax.Array]:
+        assert isinstance(moves, ActedMoves)  # make_record's.
+        predicted = moves.value if isinstance(moves, SearchedMoves) else None
         targets = unroll_targets(moves.action, moves.policy, moves.rewards, moves.terminated,
                                  moves.player, num_unroll_steps, td_steps, predicted)
         return {**targets, "obs": moves.obs[:moves.obs.shape[0] // 2],
@@ -47,5 +80,5 @@ def make_self_play(env: Any, network: MuZeroNet, training: Training, config: MuZ
                    ) -> SelfPlayLoop:
     """MuZero's self-play loop on `env` (see the module's docstring)."""
     return make_self_play_loop(env, make_search(network, config), training, config,
-                               make_positions(network, config.num_unroll_steps,
-                                              config.td_steps), record_actions=True)
+                               make_record(config.td_steps),
+                               make_positions(config.num_unroll_steps, config.td_steps))
