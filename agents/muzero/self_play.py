@@ -51,8 +51,7 @@ def make_record(td_steps: int) -> Record:
     """What MuZero's positions read of a move: `SearchedMoves` with `td_steps`, else
     `ActedMoves`."""
 
-    def record(made: Made, action: jax.Array, out: SearchOutput
-               ) -> ActedMoves:
+    def record(made: Made, action: jax.Array, out: SearchOutput) -> ActedMoves:
         if td_steps:
             return SearchedMoves(*made, action, jnp.asarray(out.search_tree.summary().value))
         return ActedMoves(*made, action)
